@@ -1,0 +1,158 @@
+"""Emit one op into the current graph: the single place where fx nodes are created.
+
+Every op of ``ipuxl.ops`` goes through :func:`emit`. It
+
+1. finds the current graph and checks every tensor argument belongs to it;
+2. runs the op's target on meta tensors, so output shapes and dtypes are known and
+   shape errors surface at build time with the op, the input shapes and the user's
+   source line;
+3. records the fx node (program order), the user's name, source line and
+   ``in_sequence`` flag, and for in-place ops which node they modify;
+4. wraps the result(s) in ``Tensor`` handles.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_map
+
+from ipuxl.errors import GraphContextError, ShapeMismatchError
+from ipuxl.ir import context
+from ipuxl.ir.graph import Graph, _identifier, describe
+from ipuxl.ir.tensor import Tensor
+
+__all__ = ["emit", "check_same_graph", "check_same_shape"]
+
+
+def emit(
+    op_name: str,
+    target: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None = None,
+    *,
+    name: str | None = None,
+    modifies: Tensor | None = None,
+    writes: Sequence[Tensor] = (),
+    num_outputs: int | None = None,
+    meta_fn: Callable[..., Any] | None = None,
+) -> Any:
+    """Add ``target(*args, **kwargs)`` to the current graph and return its Tensor(s).
+
+    Args:
+        op_name: the PopXL op name, used in messages and schedules.
+        target: a torch/aten callable; it runs on meta tensors now and on data later.
+        args, kwargs: arguments; ``Tensor`` handles become fx node references.
+        name: the user's name for the output tensor.
+        modifies: for in-place ops, the tensor they write to and return (an alias).
+        writes: further tensors the op writes to as a side effect.
+        num_outputs: when the target returns a sequence, how many Tensors to return.
+        meta_fn: computes the output meta value instead of running ``target`` on meta
+            tensors (for targets that cannot run on the meta device).
+    """
+    graph = context.gcg()
+    kwargs = kwargs or {}
+    check_same_graph(graph, op_name, args, kwargs)
+    meta_out = _infer_meta(op_name, meta_fn or target, args, kwargs)
+    node_args = tree_map(_to_node, tuple(args))
+    node_kwargs = tree_map(_to_node, dict(kwargs))
+    node = graph.fx.create_node("call_function", target, node_args, node_kwargs,
+                                name=_identifier(name or op_name))
+    _record(node, op_name, meta_out, name)
+    if modifies is not None:
+        node.meta["ipuxl_modifies"] = _root(modifies.node)
+    written = ([modifies] if modifies is not None else []) + list(writes)
+    if written:
+        node.meta["ipuxl_writes"] = [_root(t.node) for t in written]
+    if num_outputs is None:
+        return graph.wrap(node)
+    return tuple(_getitem(graph, node, i, meta_out[i], name) for i in range(num_outputs))
+
+
+def check_same_graph(graph: Graph, op_name: str, args: Any, kwargs: Any) -> None:
+    """Raise if any tensor argument belongs to a graph other than ``graph``."""
+    def check(value: Any) -> Any:
+        if isinstance(value, Tensor) and value.graph is not graph:
+            raise GraphContextError(
+                f"op '{op_name}' is being built in graph '{graph.name}' but its input "
+                f"{describe(value)} belongs to graph '{value.graph.name}'",
+                where=context.user_source_line(),
+                fix="a subgraph cannot read another graph's tensors directly: make it a "
+                    "graph input (ipuxl.graph_input or a create_graph argument) and pass the "
+                    "tensor at the call site (ops.call(graph, ..., inputs_dict={...}))",
+            )
+        return value
+
+    tree_map(check, (args, kwargs))
+
+
+def _infer_meta(op_name: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    meta_args = tree_map(_to_meta, tuple(args))
+    meta_kwargs = tree_map(_to_meta, dict(kwargs))
+    try:
+        return fn(*meta_args, **meta_kwargs)
+    except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+        inputs = ", ".join(describe(a) for a in _flat_tensors(args, kwargs)) or "no tensor inputs"
+        raise ShapeMismatchError(
+            f"op '{op_name}' cannot be built with inputs {inputs}: {str(exc).splitlines()[0]}",
+            where=context.user_source_line(),
+            fix="check the shapes and dtypes of the op's inputs (PopXL ops follow numpy "
+                "broadcasting; cast with ops.cast where dtypes differ)",
+        ) from None
+
+
+def _record(node: fx.Node, op_name: str, meta_out: Any, name: str | None) -> None:
+    node.meta["val"] = meta_out
+    node.meta["ipuxl_op"] = op_name
+    if name:
+        node.meta["ipuxl_name"] = name
+    node.meta["ipuxl_source"] = context.user_source_line()
+    if context.in_sequence_enabled():
+        node.meta["ipuxl_in_sequence"] = True
+
+
+def _getitem(graph: Graph, node: fx.Node, i: int, meta: Any, name: str | None) -> Tensor:
+    item = graph.fx.create_node("call_function", operator.getitem, (node, i), {},
+                                name=f"{node.name}_{i}")
+    item.meta["val"] = meta
+    item.meta["ipuxl_op"] = "output_of"
+    if name:
+        item.meta["ipuxl_name"] = f"{name}_{i}"
+    return graph.wrap(item)
+
+
+def _root(node: fx.Node) -> fx.Node:
+    """The node that owns the storage ``node`` aliases (through in-place ops)."""
+    while "ipuxl_modifies" in node.meta:
+        node = node.meta["ipuxl_modifies"]
+    return node
+
+
+def _to_node(value: Any) -> Any:
+    return value.node if isinstance(value, Tensor) else value
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        meta = value.node.meta["val"]
+        return torch.empty_like(meta, device="meta")
+    return value
+
+
+def _flat_tensors(args: Any, kwargs: Any) -> list[Tensor]:
+    found: list[Tensor] = []
+    tree_map(lambda v: found.append(v) if isinstance(v, Tensor) else v, (args, kwargs))
+    return found
+
+
+def check_same_shape(op_name: str, target: Tensor, value: Tensor) -> None:
+    """PopXL's in-place updates do not broadcast: ``value`` must have ``target``'s shape."""
+    if isinstance(value, Tensor) and target.shape != value.shape:
+        raise ShapeMismatchError(
+            f"op '{op_name}' needs tensors of one shape (in-place updates do not broadcast): "
+            f"{describe(target)} vs {describe(value)}",
+            where=context.user_source_line(),
+            fix=f"reshape or slice '{value.name}' to {target.shape} first",
+        )

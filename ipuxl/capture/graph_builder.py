@@ -1,0 +1,202 @@
+"""PopXL-style graph building: ``create_graph``, ``graph_input``, variables, constants.
+
+``Ir.create_graph(fn, *args, **kwargs)`` calls ``fn`` inside a new graph. Each
+argument that is a ``Tensor``/``TensorSpec`` (or a list of them, or wrapped in
+``TensorByRef``) becomes a graph input named after its parameter, in signature
+order; plain Python values are passed through. The tensors given only describe
+shapes and dtypes: the caller connects real tensors at each call site.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import torch
+
+from ipuxl.dtypes import DOWNCAST, from_any, to_numpy_dtype
+from ipuxl.errors import GraphContextError, InvalidArgumentError
+from ipuxl.ir import context
+from ipuxl.ir.ir import VariableRecord
+from ipuxl.ir.tensor import Constant, Tensor, TensorByRef, TensorSpec, Variable
+
+if TYPE_CHECKING:
+    from ipuxl.ir.graph import Graph
+    from ipuxl.ir.ir import Ir
+
+__all__ = ["build_graph", "graph_input", "variable", "constant", "Module"]
+
+_PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype, slice, type(Ellipsis))
+
+
+class Module:
+    """PopXL's ``Module``: override ``build``; ``ir.create_graph(module, ...)`` traces it.
+
+    Example:
+        >>> class Scale(Module):
+        ...     def build(self, x):
+        ...         self.w = graph_input(x.shape, x.dtype, "w")
+        ...         return x * self.w
+    """
+
+    def build(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("your ipuxl.Module must override `build`")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.build(*args, **kwargs)
+
+
+def build_graph(ir: "Ir", fn: Callable[..., Any], args: tuple, kwargs: dict) -> "Graph":
+    """Implementation of ``Ir.create_graph`` (see the module docstring)."""
+    target = fn.build if isinstance(fn, Module) else fn
+    name = type(fn).__qualname__ if isinstance(fn, Module) else getattr(fn, "__qualname__", "graph")
+    graph = ir._new_graph(name.replace(".<locals>", ""))
+    bound = _bind(target, name, args, kwargs)
+    with graph:
+        for param, value in bound.arguments.items():
+            bound.arguments[param] = _as_inputs(graph, param, value)
+        result = target(*bound.args, **bound.kwargs)
+        graph._set_outputs(_outputs(graph, name, result))
+    return graph
+
+
+def graph_input(shape: Any, dtype: torch.dtype, name: str | None = None,
+                by_ref: bool = False, meta_shape: Any = None) -> Tensor:
+    """Add an input of ``shape`` and ``dtype`` to the current graph."""
+    graph = context.gcg()
+    spec = TensorSpec(tuple(shape), dtype, tuple(meta_shape or ()))
+    return graph._add_input(spec, name or "t", by_ref=by_ref)
+
+
+def variable(data: Any, dtype: torch.dtype | None = None, name: str | None = None,
+             downcast: bool = True, **unused: Any) -> Variable:
+    """Create a variable in the main graph, initialised with a copy of ``data``.
+
+    Raises:
+        GraphContextError: outside the main graph (variables live only there).
+    """
+    graph = context.gcg()
+    if not graph.is_main:
+        raise GraphContextError(
+            f"variable '{name or 'variable'}' created in subgraph '{graph.name}': variables "
+            "can only be created in the main graph",
+            where=context.user_source_line(),
+            fix="create it under `with ir.main_graph:` and pass it to the subgraph as an "
+                "input (ipuxl.graph_input), or use ipuxl.constant",
+        )
+    array, torch_dtype = _host_array(data, dtype, downcast)
+    ir = graph.ir
+    attr = ir._unique(set(ir._variables), _attr_name(name or "variable"))
+    node = graph.fx.get_attr(attr)
+    _record_leaf(node, array.shape, torch_dtype, name or attr, "variable")
+    tensor = graph.wrap(node, Variable)
+    ir._variables[attr] = VariableRecord(tensor, array)
+    return tensor  # type: ignore[return-value]
+
+
+def constant(data: Any, dtype: torch.dtype | None = None, name: str | None = None,
+             downcast: bool = True) -> Constant:
+    """Create a constant tensor in the current graph."""
+    graph = context.gcg()
+    array, torch_dtype = _host_array(data, dtype, downcast)
+    attr = graph.ir._unique(set(graph.constants), _attr_name(name or "constant"))
+    graph.constants[attr] = torch.from_numpy(array).to(torch_dtype)
+    node = graph.fx.get_attr(attr)
+    _record_leaf(node, array.shape, torch_dtype, name or attr, "constant")
+    return graph.wrap(node, Constant)  # type: ignore[return-value]
+
+
+# -- helpers ----------------------------------------------------------------------------
+def _bind(target: Callable[..., Any], name: str, args: tuple, kwargs: dict) -> inspect.BoundArguments:
+    try:
+        bound = inspect.signature(target).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise InvalidArgumentError(
+            f"the arguments given to create_graph do not match the signature of `{name}`: {exc}",
+            where=context.user_source_line(),
+            fix=f"pass the arguments `{name}` expects: {inspect.signature(target)}",
+        ) from None
+    bound.apply_defaults()
+    return bound
+
+
+def _as_inputs(graph: "Graph", param: str, value: Any, by_ref: bool = False) -> Any:
+    """Turn one create_graph argument into graph input(s), or pass it through."""
+    if isinstance(value, TensorByRef):
+        return _as_inputs(graph, param, value.value, by_ref=True)
+    if isinstance(value, (Tensor, TensorSpec)):
+        spec = value.spec if isinstance(value, Tensor) else value
+        return graph._add_input(spec, param, by_ref=by_ref)
+    if isinstance(value, (list, tuple)) and any(isinstance(v, (Tensor, TensorSpec, TensorByRef)) for v in value):
+        return type(value)(_as_inputs(graph, f"{param}_{i}", v) for i, v in enumerate(value))
+    if isinstance(value, dict) and param != "kwargs":
+        return value
+    if isinstance(value, dict):
+        return {k: _as_inputs(graph, k, v) for k, v in value.items()}
+    if _is_plain(value):
+        return value
+    raise InvalidArgumentError(
+        f"create_graph argument '{param}' of type {type(value).__name__} is neither a Tensor, "
+        "a TensorSpec nor a plain Python value",
+        where=context.user_source_line(),
+        fix="pass an ipuxl Tensor or ipuxl.TensorSpec(shape, dtype) for graph inputs; for fixed "
+            "data create ipuxl.constant(...) inside the graph function",
+    )
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, _PLAIN):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(v) for v in value)
+    return callable(value) or isinstance(value, Module)
+
+
+def _outputs(graph: "Graph", name: str, result: Any) -> list[Tensor]:
+    if result is None:
+        return []
+    items = [result] if isinstance(result, Tensor) else list(result) if isinstance(result, (list, tuple)) else None
+    if items is None or not all(isinstance(t, Tensor) for t in items):
+        raise InvalidArgumentError(
+            f"`{name}` returned {type(result).__name__}; a graph's outputs must be None, a Tensor "
+            "or a sequence of Tensors",
+            where=context.user_source_line(),
+            fix="return the Tensors the graph should output",
+        )
+    for t in items:
+        if t.graph is not graph:
+            raise GraphContextError(
+                f"`{name}` returned tensor '{t.name}' of graph '{t.graph.name}', not of the graph being built",
+                fix="return tensors computed inside the graph function",
+            )
+    return items
+
+
+def _host_array(data: Any, dtype: Any, downcast: bool) -> tuple[np.ndarray, torch.dtype]:
+    """A private host copy of ``data`` and the device dtype (PopXL's downcast rule)."""
+    if isinstance(data, Tensor):
+        raise InvalidArgumentError(f"cannot initialise from graph tensor '{data.name}'",
+                                   fix="pass host data (numpy array, torch tensor or Python number)")
+    if isinstance(data, torch.Tensor):
+        data = data.detach().cpu()
+        array = data.float().numpy() if data.dtype == torch.bfloat16 else data.numpy()
+    else:
+        array = np.asarray(data)
+    if dtype is not None:
+        target = from_any(dtype)
+    else:
+        inferred = from_any(array.dtype)
+        target = DOWNCAST.get(inferred, inferred) if downcast else inferred
+    return np.array(array, dtype=to_numpy_dtype(target), copy=True), target
+
+
+def _record_leaf(node, shape: tuple[int, ...], dtype: torch.dtype, name: str, role: str) -> None:
+    node.meta["val"] = torch.empty(shape, dtype=dtype, device="meta")
+    node.meta["ipuxl_name"] = name
+    node.meta["ipuxl_role"] = role
+    node.meta["ipuxl_source"] = context.user_source_line()
+
+
+def _attr_name(name: str) -> str:
+    ident = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+    return ident if ident and not ident[0].isdigit() else f"v_{ident}"

@@ -1,0 +1,79 @@
+"""One exception family for everything ipuxl reports to users.
+
+Every error says *what* is wrong (expected vs got), *where* (graph, tensor, stream,
+op and the user's source line when known) and *how to fix it*. Each class also
+subclasses the built-in exception that eager PyTorch or Python would raise for the
+same mistake, so existing ``except ValueError`` handlers keep working.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "IpuxlError",
+    "CaptureError",
+    "GraphContextError",
+    "ShapeMismatchError",
+    "InvalidArgumentError",
+    "PassError",
+    "AutodiffError",
+    "DeviceError",
+    "StreamInputError",
+    "DetachedError",
+    "DataError",
+]
+
+
+class IpuxlError(Exception):
+    """Base class of every error raised by ipuxl."""
+
+    def __init__(self, what: str, *, where: str | None = None, fix: str | None = None):
+        self.what, self.where, self.fix = what, where, fix
+        parts = [what]
+        if where:
+            parts.append(f"  where: {where}")
+        if fix:
+            parts.append(f"  fix: {fix}")
+        super().__init__("\n".join(parts))
+
+
+# -- capture: building graphs ---------------------------------------------------
+class CaptureError(IpuxlError):
+    """A graph could not be built as written."""
+
+
+class GraphContextError(CaptureError, RuntimeError):
+    """An op was built outside any graph, or with a tensor of another graph."""
+
+
+class ShapeMismatchError(CaptureError, ValueError):
+    """An op's inputs have incompatible shapes or dtypes (found at build time)."""
+
+
+class InvalidArgumentError(CaptureError, TypeError):
+    """An argument has a type that the API cannot accept."""
+
+
+# -- passes -----------------------------------------------------------------------
+class PassError(IpuxlError):
+    """A graph transformation could not be applied."""
+
+
+class AutodiffError(PassError, ValueError):
+    """``transforms.autodiff`` was asked for something it cannot produce."""
+
+
+# -- device -----------------------------------------------------------------------
+class DeviceError(IpuxlError, RuntimeError):
+    """The simulated device could not run the program."""
+
+
+class StreamInputError(DeviceError, ValueError):
+    """Host data given to ``Session.run`` does not match its streams."""
+
+
+class DetachedError(DeviceError):
+    """The session was used while not attached to its device."""
+
+
+# -- data -------------------------------------------------------------------------
+class DataError(IpuxlError, FileNotFoundError):
+    """A dataset could not be found where it was looked for."""

@@ -1,0 +1,98 @@
+"""The build context: which graph ops go into, and whether they run in sequence.
+
+PopXL builds ops into "the current graph" (``with ir.main_graph:``), so a small
+explicit stack is part of the programming model. It lives here, in one place, and
+is always restored by context managers, never reset by hand.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
+
+from ipuxl.errors import GraphContextError
+
+if TYPE_CHECKING:
+    from ipuxl.ir.graph import Graph
+
+__all__ = ["gcg", "get_current_graph", "in_sequence", "user_source_line"]
+
+_graph_stack: list["Graph"] = []
+_sequence_stack: list[bool] = []
+F = TypeVar("F", bound=Callable)
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Frames in these files are ipuxl internals or context-manager plumbing, not user code.
+_SKIP_PREFIXES = (_PACKAGE_DIR + os.sep, os.path.abspath(contextlib.__file__))
+
+
+def gcg() -> "Graph":
+    """Return the graph that ops are currently built into.
+
+    Raises:
+        GraphContextError: if no graph context is open.
+    """
+    if not _graph_stack:
+        raise GraphContextError(
+            "no graph is being built: ops, variables and streams need a graph context",
+            where=user_source_line(),
+            fix="build inside `with ir.main_graph:` or inside a function passed to ir.create_graph",
+        )
+    return _graph_stack[-1]
+
+
+get_current_graph = gcg
+
+
+def push_graph(graph: "Graph") -> None:
+    _graph_stack.append(graph)
+
+
+def pop_graph(graph: "Graph") -> None:
+    assert _graph_stack and _graph_stack[-1] is graph, "graph contexts must nest"
+    _graph_stack.pop()
+
+
+def in_sequence_enabled() -> bool:
+    return bool(_sequence_stack) and _sequence_stack[-1]
+
+
+class in_sequence:  # noqa: N801 - PopXL's public name
+    """Force ops to run in the order they are built (context manager or decorator).
+
+    ipuxl always executes a graph's ops in build order, so this never changes results
+    here; it records the constraint on each op (``node.meta["ipuxl_in_sequence"]``)
+    so that passes which reorder ops must keep it, as in PopXL.
+    """
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+
+    def __enter__(self) -> "in_sequence":
+        _sequence_stack.append(self.enabled)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _sequence_stack.pop()
+
+    def __call__(self, fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with in_sequence(self.enabled):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
+def user_source_line() -> str | None:
+    """``file:line in function`` of the innermost frame outside ipuxl, if any."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if not filename.startswith(_SKIP_PREFIXES):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+        frame = frame.f_back
+    return None

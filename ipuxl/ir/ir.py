@@ -1,0 +1,126 @@
+"""``Ir``: the whole program: main graph, subgraphs, variables, host streams, settings."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ipuxl.errors import InvalidArgumentError
+from ipuxl.ir.graph import Graph, _identifier
+from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream, _Stream
+from ipuxl.ir.tensor import Variable
+
+__all__ = ["Ir"]
+
+
+@dataclass
+class VariableRecord:
+    """A variable of the main graph and the host data it is initialised with."""
+
+    tensor: Variable
+    data: np.ndarray
+
+
+class Ir:
+    """A PopXL IR: build ops in ``ir.main_graph``, subgraphs with ``create_graph``.
+
+    Args:
+        replication: number of data-parallel replicas (``replication_factor``).
+
+    Example:
+        >>> import ipuxl, ipuxl.ops as ops
+        >>> ir = ipuxl.Ir()
+        >>> with ir.main_graph:
+        ...     x = ipuxl.variable([1.0, 2.0], name="x")
+        ...     y = ops.mul(x, 2.0)
+    """
+
+    _ids = itertools.count()
+
+    def __init__(self, replication: int = 1):
+        self.id = next(Ir._ids)
+        self.replication_factor = replication
+        self.num_host_transfers = 1
+        self.graphs: list[Graph] = []
+        self._graph_names: set[str] = set()
+        self._streams: list[_Stream] = []
+        self._variables: dict[str, VariableRecord] = {}
+        self.main_graph = self._new_graph("main")
+
+    # -- settings -------------------------------------------------------------------
+    @property
+    def replication_factor(self) -> int:
+        return self._replication_factor
+
+    @replication_factor.setter
+    def replication_factor(self, value: int) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidArgumentError(
+                f"replication factor must be a positive int, got {value!r}",
+                fix="use Ir(replication=1) for one replica",
+            )
+        self._replication_factor = value
+
+    @property
+    def num_host_transfers(self) -> int:
+        return self._num_host_transfers
+
+    @num_host_transfers.setter
+    def num_host_transfers(self, value: int) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidArgumentError(
+                f"num_host_transfers must be a positive int, got {value!r}",
+                fix="set ir.num_host_transfers to the number of main-program runs per Session.run",
+            )
+        self._num_host_transfers = value
+
+    # -- graphs -------------------------------------------------------------------------
+    def create_graph(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Graph:
+        """Build a subgraph by calling ``fn`` (a function or ``ipuxl.Module``).
+
+        Tensor and TensorSpec arguments become graph inputs in signature order; other
+        arguments are passed through as Python values. Inside ``fn``,
+        ``ipuxl.graph_input`` adds further inputs. ``fn``'s return value(s) become
+        the graph's outputs.
+        """
+        from ipuxl.capture.graph_builder import build_graph
+
+        return build_graph(self, fn, args, kwargs)
+
+    def create_empty_graph(self, name: str | None = None) -> Graph:
+        return self._new_graph(name or "graph")
+
+    def _new_graph(self, name: str) -> Graph:
+        graph = Graph(self, self._unique(self._graph_names, _identifier(name)))
+        self.graphs.append(graph)
+        return graph
+
+    # -- streams and variables --------------------------------------------------------
+    def get_all_h2d_streams(self) -> list[HostToDeviceStream]:
+        return [s for s in self._streams if isinstance(s, HostToDeviceStream)]
+
+    def get_all_d2h_streams(self) -> list[DeviceToHostStream]:
+        return [s for s in self._streams if isinstance(s, DeviceToHostStream)]
+
+    @property
+    def variables(self) -> list[Variable]:
+        return [record.tensor for record in self._variables.values()]
+
+    def _unique_stream_name(self, name: str) -> str:
+        return self._unique({s.name for s in self._streams}, name, add=False)
+
+    @staticmethod
+    def _unique(taken: set[str], name: str, add: bool = True) -> str:
+        candidate, i = name, 1
+        while candidate in taken:
+            candidate = f"{name}_{i}"
+            i += 1
+        if add:
+            taken.add(candidate)
+        return candidate
+
+    def __repr__(self) -> str:
+        return (f"Ir[{len(self.graphs)} graphs, {len(self._variables)} variables, "
+                f"replication={self.replication_factor}, num_host_transfers={self.num_host_transfers}]")

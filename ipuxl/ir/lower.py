@@ -1,0 +1,127 @@
+"""Lower an IR graph to executable PyTorch code (an fx ``GraphModule``).
+
+Used by the device to compile each graph once and by passes that trace a graph
+(autodiff). Steps:
+
+1. copy the graph's nodes in program order (in-place ops keep their position);
+2. replace each subgraph call by a direct call of the callee's compiled code
+   (``callee_fn(graph)``, so a graph called from many sites exists once), cloning
+   inputs that the callee modifies unless they are passed by reference;
+3. make every ``get_attr`` (variables, constants) an attribute of the module;
+4. add the output node returning the graph's outputs as a tuple.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+import torch.fx as fx
+
+if TYPE_CHECKING:
+    from ipuxl.ir.graph import Graph
+
+__all__ = ["CallTarget", "RepeatTarget", "lower_graph", "graph_callable"]
+
+CalleeFn = Callable[["Graph"], Callable[..., Any]]
+
+
+class CallTarget:
+    """Target of an fx node that calls a subgraph (``ops.call``).
+
+    Calling it directly lowers the callee on the fly (slow; for debugging with
+    ``fx.Interpreter``). The device replaces it by the callee's compiled code.
+    """
+
+    def __init__(self, graph: "Graph"):
+        self.graph = graph
+        self.__name__ = f"call_{graph.name}"
+
+    def __call__(self, *args: Any) -> tuple:
+        return graph_callable(self.graph)(*args)
+
+
+class RepeatTarget(CallTarget):
+    """Target of an fx node that runs a subgraph ``count`` times (``ops.repeat``)."""
+
+    def __init__(self, graph: "Graph", count: int):
+        super().__init__(graph)
+        self.count = count
+        self.__name__ = f"repeat_{graph.name}"
+
+    def __call__(self, *args: Any) -> tuple:
+        return run_repeat(graph_callable(self.graph), self.count, len(self.graph.outputs), args)
+
+
+def run_repeat(body: Callable[..., tuple], count: int, n_carried: int, args: tuple) -> tuple:
+    """PopXL's loop: outputs ``i < n_carried`` feed inputs ``i`` of the next iteration."""
+    values = list(args)
+    for _ in range(count):
+        values[:n_carried] = body(*values)
+    return tuple(values[:n_carried])
+
+
+def graph_callable(graph: "Graph") -> Callable[..., tuple]:
+    """Lower ``graph`` and its callees (uncached): ``fn(*inputs) -> tuple(outputs)``."""
+    cache: dict[Any, Callable[..., tuple]] = {}
+
+    def callee_fn(g: "Graph") -> Callable[..., tuple]:
+        if g not in cache:
+            cache[g] = lower_graph(g, callee_fn).forward
+        return cache[g]
+
+    return callee_fn(graph)
+
+
+def lower_graph(graph: "Graph", callee_fn: CalleeFn, attrs: dict[str, torch.Tensor] | None = None,
+                *, with_output: bool = True) -> fx.GraphModule:
+    """Build a GraphModule for ``graph`` (see the module docstring for the steps)."""
+    new = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    root = torch.nn.Module()
+    attrs = dict(graph.constants, **(attrs or {}))
+    for node in graph.fx.nodes:
+        if node.op == "get_attr":
+            root.register_buffer(node.target, attrs[node.target], persistent=False)
+        if isinstance(node.target, CallTarget):
+            env[node] = _lower_call(new, node, env, callee_fn)
+        else:
+            env[node] = new.node_copy(node, lambda n: env[n])
+    if with_output:
+        new.output(tuple(env[t.node] for t in graph.outputs))
+    gm = fx.GraphModule(root, new, class_name=f"ipuxl_{graph.name}")
+    return gm
+
+
+def _lower_call(new: fx.Graph, node: fx.Node, env: dict, callee_fn: CalleeFn) -> fx.Node:
+    target: CallTarget = node.target  # type: ignore[assignment]
+    callee = target.graph
+    args = [env[a] for a in node.args]
+    by_ref = node.meta.get("ipuxl_by_ref_args", set())
+    for i, placeholder in enumerate(callee.inputs):
+        if i not in by_ref and callee.is_input_modified(placeholder):
+            args[i] = new.call_function(torch.clone, (args[i],))
+    fn = callee_fn(callee)
+    if isinstance(target, RepeatTarget):
+        fn = _named(_repeat_fn(fn, target.count, len(callee.outputs)), target.__name__)
+    else:
+        fn = _named(fn, target.__name__)
+    lowered = new.call_function(fn, tuple(args))
+    lowered.meta.update(node.meta)
+    return lowered
+
+
+def _repeat_fn(body: Callable[..., tuple], count: int, n_carried: int) -> Callable[..., tuple]:
+    def repeat(*args: Any) -> tuple:
+        return run_repeat(body, count, n_carried, args)
+
+    return repeat
+
+
+def _named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """A plain function wrapper with a readable name, so fx codegen can refer to it."""
+    def call(*args: Any) -> Any:
+        return fn(*args)
+
+    call.__name__ = call.__qualname__ = name
+    call.__module__ = "ipuxl.compiled"
+    return call

@@ -1,0 +1,63 @@
+"""Host streams: the named channels between the host and the device program."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from ipuxl.dtypes import dtype_name
+from ipuxl.ir.context import gcg
+from ipuxl.ir.tensor import TensorSpec
+
+if TYPE_CHECKING:
+    from ipuxl.ir.ir import Ir
+
+__all__ = ["HostToDeviceStream", "DeviceToHostStream", "h2d_stream", "d2h_stream"]
+
+
+class _Stream:
+    direction = ""
+
+    def __init__(self, ir: "Ir", spec: TensorSpec, name: str):
+        self.ir, self.spec, self.name = ir, spec, name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.spec.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.spec.dtype
+
+    @property
+    def tensor_id(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, shape={self.shape}, dtype={dtype_name(self.dtype)})"
+
+
+class HostToDeviceStream(_Stream):
+    """Carries host data into the device program (read by ``ops.host_load``)."""
+
+
+class DeviceToHostStream(_Stream):
+    """Carries device tensors to the host (written by ``ops.host_store``)."""
+
+
+def _new_stream(cls, shape: Sequence[int], dtype: torch.dtype, name: str | None):
+    ir = gcg().ir
+    spec = TensorSpec(tuple(shape), dtype)
+    stream = cls(ir, spec, ir._unique_stream_name(name or cls.__name__.lower()))
+    ir._streams.append(stream)
+    return stream
+
+
+def h2d_stream(shape: Sequence[int], dtype: torch.dtype, name: str | None = None) -> HostToDeviceStream:
+    """Create a host-to-device stream of ``shape`` and ``dtype`` in the current IR."""
+    return _new_stream(HostToDeviceStream, shape, dtype, name)
+
+
+def d2h_stream(shape: Sequence[int], dtype: torch.dtype, name: str | None = None) -> DeviceToHostStream:
+    """Create a device-to-host stream of ``shape`` and ``dtype`` in the current IR."""
+    return _new_stream(DeviceToHostStream, shape, dtype, name)

@@ -1,0 +1,221 @@
+"""Calling subgraphs: ``call``, ``call_with_info``, ``repeat`` and ``CallSiteInfo``.
+
+A call is one fx node whose target names the called graph, so the callee's code
+exists once however many sites call it. Inputs are matched to the callee's inputs
+positionally, then by ``inputs_dict`` (callee input -> parent tensor). Inputs are
+passed by value unless the callee marked them by reference (``TensorByRef``,
+``graph_input(by_ref=True)``) or the site calls ``set_parent_input_modified``.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Iterable, Mapping
+
+import torch
+import torch.fx as fx
+
+from ipuxl.capture.builder import _root, emit
+from ipuxl.capture.graph_builder import constant
+from ipuxl.errors import GraphContextError, InvalidArgumentError, ShapeMismatchError
+from ipuxl.ir import context
+from ipuxl.ir.graph import Graph, describe
+from ipuxl.ir.lower import CallTarget, RepeatTarget
+from ipuxl.ir.tensor import Tensor
+
+__all__ = ["CallSiteInfo", "call", "call_with_info", "repeat", "repeat_with_info"]
+
+
+class CallSiteInfo:
+    """What one call of a subgraph connects: parent tensors <-> callee tensors."""
+
+    def __init__(self, node: fx.Node, called_graph: Graph, parent: Graph, inputs: list[Tensor]):
+        self._node = node
+        self._graph = called_graph
+        self._parent = parent
+        self._inputs = inputs
+        self._outputs: list[Tensor] = []
+
+    @property
+    def called_graph(self) -> Graph:
+        return self._graph
+
+    @property
+    def inputs(self) -> tuple[Tensor, ...]:
+        return tuple(self._inputs)
+
+    @property
+    def outputs(self) -> tuple[Tensor, ...]:
+        """Parent tensors of the callee's outputs (including outputs added later by autodiff)."""
+        n = self._num_outputs()
+        while len(self._outputs) < n:
+            self._outputs.append(self._output_item(len(self._outputs)))
+        return tuple(self._outputs)
+
+    def _num_outputs(self) -> int:
+        return len(self._graph.outputs)
+
+    def _output_item(self, i: int) -> Tensor:
+        item = self._parent.fx.create_node("call_function", operator.getitem, (self._node, i), {},
+                                           name=f"{self._node.name}_out{i}")
+        out = self._graph.outputs[i]
+        item.meta["val"] = torch.empty_like(out.node.meta["val"], device="meta")
+        item.meta["ipuxl_name"] = out.name
+        item.meta["ipuxl_op"] = "output_of"
+        return self._parent.wrap(item)
+
+    def parent_input(self, idx: int) -> Tensor:
+        return self._inputs[idx]
+
+    def parent_output(self, idx: int) -> Tensor:
+        return self.outputs[idx]
+
+    def graph_to_parent(self, graph_tensor: Tensor) -> Tensor:
+        """The parent tensor connected to callee input or output ``graph_tensor``."""
+        for i, t in enumerate(self._graph.inputs):
+            if t is graph_tensor:
+                return self._inputs[i]
+        for i, t in enumerate(self._graph.outputs):
+            if t is graph_tensor:
+                return self.outputs[i]
+        raise InvalidArgumentError(
+            f"tensor '{graph_tensor.name}' is not an input or output of the called graph '{self._graph.name}'",
+            fix="pass a tensor from called_graph.inputs or called_graph.outputs")
+
+    def parent_to_graph(self, parent_tensor: Tensor) -> Tensor:
+        """The callee input that ``parent_tensor`` is connected to (first if several)."""
+        for i, t in enumerate(self._inputs):
+            if t is parent_tensor:
+                return self._graph.inputs[i]
+        raise InvalidArgumentError(
+            f"tensor '{parent_tensor.name}' is not a parent input of this call of '{self._graph.name}'",
+            fix="pass one of call_info.inputs")
+
+    def set_parent_input_modified(self, parent_tensor: Tensor, infer_modified_regions: bool = True) -> None:
+        """Pass ``parent_tensor`` by reference: the callee's in-place changes reach the parent."""
+        index = next((i for i, t in enumerate(self._inputs) if t is parent_tensor), None)
+        if index is None:
+            self.parent_to_graph(parent_tensor)  # raises with the message
+        _mark_by_ref(self._node, index, parent_tensor)
+
+
+def _mark_by_ref(node: fx.Node, index: int, parent_tensor: Tensor) -> None:
+    node.meta.setdefault("ipuxl_by_ref_args", set()).add(index)
+    writes = node.meta.setdefault("ipuxl_writes", [])
+    root = _root(parent_tensor.node)
+    if root not in writes:
+        writes.append(root)
+
+
+def call(graph: Graph, *inputs: Any, inputs_dict: Mapping[Tensor, Any] | None = None) -> tuple[Tensor, ...]:
+    """Call ``graph``; returns the parent tensors of its outputs (always a tuple)."""
+    return call_with_info(graph, *inputs, inputs_dict=inputs_dict).outputs
+
+
+def call_with_info(graph: Graph, *inputs: Any, inputs_dict: Mapping[Tensor, Any] | None = None,
+                   check_inputs: bool = True) -> CallSiteInfo:
+    """Call ``graph`` and return the ``CallSiteInfo`` describing the call site."""
+    parent = context.gcg()
+    connected = _connect_inputs(parent, graph, inputs, inputs_dict)
+    target = CallTarget(graph)
+    return _emit_call("call", target, parent, graph, connected)
+
+
+def repeat(graph: Graph, repeat_count: int, *inputs: Any,
+           inputs_dict: Mapping[Tensor, Any] | None = None) -> tuple[Tensor, ...]:
+    """Run ``graph`` ``repeat_count`` times on the device (see ``repeat_with_info``)."""
+    return repeat_with_info(graph, repeat_count, *inputs, inputs_dict=inputs_dict).outputs
+
+
+def repeat_with_info(graph: Graph, repeat_count: int, *inputs: Any,
+                     inputs_dict: Mapping[Tensor, Any] | None = None, check_inputs: bool = True) -> CallSiteInfo:
+    """A device-side loop: outputs ``i`` feed inputs ``i`` of the next iteration.
+
+    With N graph outputs the first N inputs are loop-carried (their specs must match
+    the outputs'); later inputs are the same every iteration. Returns the N values
+    after the last iteration (the initial values when ``repeat_count`` is 0).
+    """
+    parent = context.gcg()
+    if not isinstance(repeat_count, int) or repeat_count < 0:
+        raise InvalidArgumentError(f"repeat count must be an int >= 0, got {repeat_count!r} for graph '{graph.name}'",
+                                   where=context.user_source_line())
+    n_out = len(graph.outputs)
+    if len(graph.inputs) < n_out:
+        raise InvalidArgumentError(
+            f"to repeat graph '{graph.name}' it needs at least as many inputs as outputs "
+            f"({len(graph.inputs)} < {n_out})", where=context.user_source_line(),
+            fix="the first N inputs are loop-carried from the N outputs; add matching inputs")
+    for i, (t_in, t_out) in enumerate(zip(graph.inputs, graph.outputs)):
+        if t_in.spec != t_out.spec:
+            raise ShapeMismatchError(
+                f"repeat of graph '{graph.name}': loop-carried input {i} {describe(t_in)} does not match "
+                f"output {i} {describe(t_out)}", where=context.user_source_line(),
+                fix="make output i the same shape and dtype as input i")
+    connected = _connect_inputs(parent, graph, inputs, inputs_dict)
+    return _emit_call("repeat", RepeatTarget(graph, repeat_count), parent, graph, connected)
+
+
+def _emit_call(op_name: str, target: CallTarget, parent: Graph, graph: Graph,
+               connected: list[Tensor]) -> CallSiteInfo:
+    handle = emit(op_name, target, connected, name=f"{op_name}_{graph.name}",
+                  meta_fn=lambda *a: tuple(torch.empty_like(o.node.meta["val"]) for o in graph.outputs))
+    node = handle.node
+    node.meta["ipuxl_called_graph"] = graph
+    info = CallSiteInfo(node, graph, parent, connected)
+    for i, t in enumerate(graph.inputs):
+        if t.node.meta.get("ipuxl_by_ref"):
+            _mark_by_ref(node, i, connected[i])
+    return info
+
+
+def _connect_inputs(parent: Graph, graph: Graph, inputs: Iterable[Any],
+                    inputs_dict: Mapping[Tensor, Any] | None) -> list[Tensor]:
+    """Match call arguments to the callee's inputs; check specs; make constants of numbers."""
+    if not isinstance(graph, Graph):
+        raise InvalidArgumentError(f"ops.call needs a Graph, got {type(graph).__name__}",
+                                   where=context.user_source_line(),
+                                   fix="create the graph with ir.create_graph(fn, ...)")
+    if graph is parent or graph.is_main:
+        raise GraphContextError(f"graph '{graph.name}' cannot call itself or the main graph",
+                                where=context.user_source_line())
+    flat: list[Any] = []
+    for value in inputs:
+        flat.extend(value if isinstance(value, (list, tuple)) else [value])
+    slots: list[Any] = [None] * len(graph.inputs)
+    if len(flat) > len(slots):
+        raise InvalidArgumentError(
+            f"{len(flat)} positional inputs given to graph '{graph.name}', which has {len(slots)} inputs",
+            where=context.user_source_line(), fix=f"its inputs are: {_names(graph.inputs)}")
+    slots[:len(flat)] = flat
+    for key, value in (inputs_dict or {}).items():
+        index = next((i for i, t in enumerate(graph.inputs) if t is key), None)
+        if index is None:
+            raise InvalidArgumentError(
+                f"inputs_dict key {key!r} is not an input of the called graph '{graph.name}'",
+                where=context.user_source_line(), fix=f"its inputs are: {_names(graph.inputs)}")
+        if slots[index] is not None:
+            raise InvalidArgumentError(f"input '{key.name}' of graph '{graph.name}' is given twice",
+                                       where=context.user_source_line(),
+                                       fix="give it either positionally or in inputs_dict")
+        slots[index] = value
+    missing = [t.name for t, v in zip(graph.inputs, slots) if v is None]
+    if missing:
+        raise InvalidArgumentError(
+            f"call of graph '{graph.name}' is missing inputs {missing}", where=context.user_source_line(),
+            fix="pass them positionally or with inputs_dict={graph_input: parent_tensor}")
+    return [_connect_one(graph, t, v) for t, v in zip(graph.inputs, slots)]
+
+
+def _connect_one(graph: Graph, graph_input: Tensor, value: Any) -> Tensor:
+    if not isinstance(value, Tensor):
+        value = constant(value, dtype=graph_input.dtype, name=f"{graph_input.name}_const")
+    if value.spec != graph_input.spec:
+        raise ShapeMismatchError(
+            f"call of graph '{graph.name}': input '{graph_input.name}' expects "
+            f"{graph_input.shape} {graph_input.dtype}, got {describe(value)}",
+            where=context.user_source_line(),
+            fix="pass a tensor of the shape and dtype the graph was created with (or create another graph)")
+    return value
+
+
+def _names(tensors: Iterable[Tensor]) -> list[str]:
+    return [t.name for t in tensors]

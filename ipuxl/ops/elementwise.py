@@ -1,0 +1,172 @@
+"""Element-wise ops, with numpy broadcasting as in PopXL."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ipuxl.capture.builder import check_same_shape, emit
+from ipuxl.ir.tensor import Tensor
+
+__all__ = [
+    "add", "sub", "mul", "div", "negate", "pow", "abs", "exp", "log", "sqrt", "tanh",
+    "sigmoid", "relu", "gelu", "swish", "sin", "cos", "ceil", "floor", "sign", "fmod",
+    "equal", "greater", "less", "logical_and", "logical_or", "logical_not", "where",
+    "maximum", "minimum", "clip", "isnan", "isinf", "scaled_add", "scaled_add_", "add_",
+]
+
+
+def _binary(op_name: str, fn: Any, lhs: Any, rhs: Any) -> Tensor:
+    return emit(op_name, fn, (lhs, rhs))
+
+
+def add(lhs: Any, rhs: Any) -> Tensor:
+    """``lhs + rhs`` with broadcasting."""
+    return _binary("add", torch.add, lhs, rhs)
+
+
+def add_(lhs: Tensor, rhs: Any) -> Tensor:
+    """In-place ``lhs += rhs``; returns ``lhs`` modified."""
+    return emit("add_", torch.Tensor.add_, (lhs, rhs), modifies=lhs)
+
+
+def sub(lhs: Any, rhs: Any) -> Tensor:
+    """``lhs - rhs`` with broadcasting."""
+    return _binary("sub", torch.sub, lhs, rhs)
+
+
+def mul(lhs: Any, rhs: Any) -> Tensor:
+    """``lhs * rhs`` with broadcasting."""
+    return _binary("mul", torch.mul, lhs, rhs)
+
+
+def div(lhs: Any, rhs: Any) -> Tensor:
+    """``lhs / rhs`` (integer tensors divide with truncation, as in PopXL)."""
+    both_int = all(isinstance(v, Tensor) and not v.dtype.is_floating_point for v in (lhs, rhs))
+    if both_int:
+        return emit("div", torch.div, (lhs, rhs), {"rounding_mode": "trunc"})
+    return _binary("div", torch.div, lhs, rhs)
+
+
+def fmod(lhs: Any, rhs: Any) -> Tensor:
+    """Remainder with the sign of ``lhs``."""
+    return _binary("fmod", torch.fmod, lhs, rhs)
+
+
+def pow(t: Any, e: Any) -> Tensor:  # noqa: A001 - PopXL's public name
+    """``t ** e`` with broadcasting."""
+    return _binary("pow", torch.pow, t, e)
+
+
+def maximum(*ts: Any) -> Tensor:
+    """Element-wise maximum of several tensors."""
+    out = ts[0]
+    for t in ts[1:]:
+        out = _binary("maximum", torch.maximum, out, t)
+    return out
+
+
+def minimum(*ts: Any) -> Tensor:
+    """Element-wise minimum of several tensors."""
+    out = ts[0]
+    for t in ts[1:]:
+        out = _binary("minimum", torch.minimum, out, t)
+    return out
+
+
+def _unary(op_name: str, fn: Any):
+    def op(t: Tensor) -> Tensor:
+        return emit(op_name, fn, (t,))
+
+    op.__name__ = op.__qualname__ = op_name
+    op.__doc__ = f"Element-wise ``{op_name}`` (``{getattr(fn, '__name__', fn)}`` in PyTorch)."
+    return op
+
+
+negate = _unary("negate", torch.neg)
+abs = _unary("abs", torch.abs)  # noqa: A001 - PopXL's public name
+exp = _unary("exp", torch.exp)
+log = _unary("log", torch.log)
+sqrt = _unary("sqrt", torch.sqrt)
+tanh = _unary("tanh", torch.tanh)
+sigmoid = _unary("sigmoid", torch.sigmoid)
+relu = _unary("relu", torch.relu)
+swish = _unary("swish", F.silu)
+sin = _unary("sin", torch.sin)
+cos = _unary("cos", torch.cos)
+ceil = _unary("ceil", torch.ceil)
+floor = _unary("floor", torch.floor)
+sign = _unary("sign", torch.sign)
+isnan = _unary("isnan", torch.isnan)
+isinf = _unary("isinf", torch.isinf)
+logical_not = _unary("logical_not", torch.logical_not)
+
+
+def gelu(t: Tensor) -> Tensor:
+    """GELU with the tanh approximation (PopXL's ``gelu``; poplibs uses tanh)."""
+    return emit("gelu", F.gelu, (t,), {"approximate": "tanh"})
+
+
+def equal(lhs: Any, rhs: Any) -> Tensor:
+    """Element-wise ``lhs == rhs`` (bool)."""
+    return _binary("equal", torch.eq, lhs, rhs)
+
+
+def greater(lhs: Any, rhs: Any) -> Tensor:
+    """Element-wise ``lhs > rhs`` (bool)."""
+    return _binary("greater", torch.gt, lhs, rhs)
+
+
+def less(lhs: Any, rhs: Any) -> Tensor:
+    """Element-wise ``lhs < rhs`` (bool)."""
+    return _binary("less", torch.lt, lhs, rhs)
+
+
+def logical_and(lhs: Any, rhs: Any) -> Tensor:
+    """Element-wise logical and."""
+    return _binary("logical_and", torch.logical_and, lhs, rhs)
+
+
+def logical_or(lhs: Any, rhs: Any) -> Tensor:
+    """Element-wise logical or."""
+    return _binary("logical_or", torch.logical_or, lhs, rhs)
+
+
+def where(condition: Tensor, lhs: Any, rhs: Any) -> Tensor:
+    """``lhs`` where ``condition`` is true, else ``rhs``."""
+    return emit("where", torch.where, (condition, lhs, rhs))
+
+
+def clip(t: Tensor, min: float | None = None, max: float | None = None) -> Tensor:  # noqa: A002
+    """Clamp ``t`` to ``[min, max]``."""
+    return emit("clip", torch.clamp, (t, min, max))
+
+
+def _scaled_add(x: torch.Tensor, y: torch.Tensor, a: Any, b: Any) -> torch.Tensor:
+    return x * a + y * b
+
+
+def _scaled_add_(x: torch.Tensor, y: torch.Tensor, a: Any, b: Any) -> torch.Tensor:
+    if not (isinstance(a, (int, float)) and a == 1):
+        x.mul_(a)
+    if isinstance(b, (int, float)):
+        return x.add_(y, alpha=b)
+    return x.add_(y * b)
+
+
+def scaled_add(X: Tensor, Y: Tensor, a: float | Tensor = 1.0, b: float | Tensor = 1.0) -> Tensor:  # noqa: N803
+    """``a * X + b * Y`` (``a``, ``b``: Python numbers or scalar tensors)."""
+    return emit("scaled_add", _scaled_add, (X, Y, a, b))
+
+
+def scaled_add_(X: Tensor, Y: Tensor, a: float | Tensor = 1.0, b: float | Tensor = 1.0) -> Tensor:  # noqa: N803
+    """In place ``X = a * X + b * Y``; returns ``X`` modified.
+
+    With ``a == 1`` and a Python-number ``b`` this is one ``Tensor.add_`` call, the
+    form an SGD update takes.
+    """
+    check_same_shape("scaled_add_", X, Y)
+    if isinstance(a, (int, float)) and a == 1 and isinstance(b, (int, float)):
+        return emit("scaled_add_", torch.Tensor.add_, (X, Y), {"alpha": b}, modifies=X)
+    return emit("scaled_add_", _scaled_add_, (X, Y, a, b), modifies=X)

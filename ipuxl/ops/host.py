@@ -1,0 +1,63 @@
+"""Host transfers: ``host_load`` reads a host-to-device stream, ``host_store`` writes one.
+
+In the compiled main program each loaded stream is an argument and each stored
+stream is an output slot the op copies into, so a transfer happens exactly where it
+is in program order (a later in-place update cannot change what was stored).
+"""
+from __future__ import annotations
+
+import torch
+
+from ipuxl.capture.builder import emit
+from ipuxl.errors import GraphContextError, ShapeMismatchError
+from ipuxl.ir import context
+from ipuxl.ir.graph import describe
+from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream
+from ipuxl.ir.tensor import Tensor
+
+__all__ = ["host_load", "host_store"]
+
+
+def _main_graph_only(op_name: str, stream_name: str):
+    graph = context.gcg()
+    if not graph.is_main:
+        raise GraphContextError(
+            f"{op_name} of stream '{stream_name}' in subgraph '{graph.name}': host transfers are "
+            "supported in the main graph only", where=context.user_source_line(),
+            fix="load/store in the main graph and pass the tensor to the subgraph call; use "
+                "ir.num_host_transfers for device iterations")
+    return graph
+
+
+def _streams_in(graph, role: str) -> list:
+    return [n.meta["ipuxl_stream"] for n in graph.fx.nodes if n.meta.get("ipuxl_role") == role]
+
+
+def host_load(h2d_stream: HostToDeviceStream, name: str | None = None) -> Tensor:
+    """Read the next value of ``h2d_stream`` into the program."""
+    graph = _main_graph_only("host_load", h2d_stream.name)
+    if h2d_stream in _streams_in(graph, "h2d"):
+        raise GraphContextError(f"stream '{h2d_stream.name}' is loaded twice in one program",
+                                where=context.user_source_line(),
+                                fix="load it once and reuse the tensor")
+    tensor = graph._add_input(h2d_stream.spec, name or h2d_stream.name, role="h2d")
+    tensor.node.meta["ipuxl_stream"] = h2d_stream
+    tensor.node.meta["ipuxl_op"] = "host_load"
+    return tensor
+
+
+def host_store(d2h_stream: DeviceToHostStream, t: Tensor) -> None:
+    """Send ``t`` to the host through ``d2h_stream``."""
+    graph = _main_graph_only("host_store", d2h_stream.name)
+    if t.spec != d2h_stream.spec:
+        raise ShapeMismatchError(
+            f"host_store: stream '{d2h_stream.name}' carries {d2h_stream.shape} "
+            f"{str(d2h_stream.dtype).replace('torch.', '')}, got tensor {describe(t)}",
+            where=context.user_source_line(),
+            fix="create the stream with the tensor's spec: ipuxl.d2h_stream(t.shape, t.dtype)")
+    if d2h_stream in _streams_in(graph, "d2h"):
+        raise GraphContextError(f"stream '{d2h_stream.name}' is stored twice in one program",
+                                where=context.user_source_line(), fix="use one d2h stream per stored tensor")
+    slot = graph._add_input(d2h_stream.spec, f"{d2h_stream.name}_slot", role="d2h")
+    slot.node.meta["ipuxl_stream"] = d2h_stream
+    emit("host_store", torch.Tensor.copy_, (slot, t), modifies=slot, name=f"store_{d2h_stream.name}")

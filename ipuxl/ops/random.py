@@ -1,0 +1,131 @@
+"""Seeded random ops: ``dropout``, ``random_uniform``, ``random_normal``, seed splitting.
+
+As in PopXL, randomness is a pure function of a seed tensor (two 32-bit words,
+shape ``(2,)``), so a program is reproducible and the gradient of dropout reuses
+the forward mask exactly. Each op is one torch custom op (``ipuxl::*``) so that it
+is one fx node, traces with make_fx, and (for dropout) carries its own autograd rule.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ipuxl.capture.builder import emit
+from ipuxl.errors import InvalidArgumentError
+from ipuxl.ir.context import user_source_line
+from ipuxl.ir.tensor import Tensor
+
+__all__ = ["dropout", "random_uniform", "random_normal", "split_random_seed", "create_seeds"]
+
+
+def _generator(seed: torch.Tensor) -> torch.Generator:
+    hi, lo = (int(v) & 0xFFFFFFFF for v in seed.to(torch.int64).tolist())
+    gen = torch.Generator(device=seed.device)
+    gen.manual_seed((hi << 32 | lo) & 0x7FFFFFFFFFFFFFFF)
+    return gen
+
+
+@torch.library.custom_op("ipuxl::random_uniform", mutates_args=())
+def _random_uniform(seed: torch.Tensor, shape: list[int], low: float, high: float,
+                    dtype: torch.dtype) -> torch.Tensor:
+    out = torch.rand(shape, generator=_generator(seed), device=seed.device)
+    return (out * (high - low) + low).to(dtype)
+
+
+@_random_uniform.register_fake
+def _(seed, shape, low, high, dtype):
+    return torch.empty(shape, dtype=dtype, device=seed.device)
+
+
+@torch.library.custom_op("ipuxl::random_normal", mutates_args=())
+def _random_normal(seed: torch.Tensor, shape: list[int], mean: float, std: float,
+                   dtype: torch.dtype) -> torch.Tensor:
+    out = torch.randn(shape, generator=_generator(seed), device=seed.device)
+    return (out * std + mean).to(dtype)
+
+
+@_random_normal.register_fake
+def _(seed, shape, mean, std, dtype):
+    return torch.empty(shape, dtype=dtype, device=seed.device)
+
+
+@torch.library.custom_op("ipuxl::dropout", mutates_args=())
+def _dropout(x: torch.Tensor, seed: torch.Tensor, p: float) -> torch.Tensor:
+    if p == 0.0:
+        return x.clone()
+    keep = torch.rand(x.shape, generator=_generator(seed), device=x.device) >= p
+    return x * keep.to(x.dtype) / (1.0 - p)
+
+
+@_dropout.register_fake
+def _(x, seed, p):
+    return torch.empty_like(x)
+
+
+def _dropout_setup(ctx, inputs, output) -> None:
+    _, ctx.seed, ctx.p = inputs
+
+
+def _dropout_backward(ctx, grad):
+    # Dropout is linear for a fixed mask; the same seed regenerates the same mask.
+    return _dropout(grad, ctx.seed, ctx.p), None, None
+
+
+_dropout.register_autograd(_dropout_backward, setup_context=_dropout_setup)
+
+
+@torch.library.custom_op("ipuxl::modify_seed", mutates_args=())
+def _modify_seed(seed: torch.Tensor, modifier: int) -> torch.Tensor:
+    words = seed.to(torch.int64)
+    mixed = (words[1] * 0x9E3779B1 + modifier * 0x85EBCA77 + words[0]) & 0xFFFFFFFF
+    return torch.stack([words[0], mixed]).to(seed.dtype)
+
+
+@_modify_seed.register_fake
+def _(seed, modifier):
+    return torch.empty_like(seed)
+
+
+def _check_seed(seed: Tensor) -> None:
+    if seed.shape != (2,) or seed.dtype.is_floating_point:
+        raise InvalidArgumentError(
+            f"seed tensor '{seed.name}' must have shape (2,) and an integer dtype, got "
+            f"{seed.shape} {seed.dtype}", where=user_source_line(),
+            fix="load a seed from ipuxl.create_seeds(...) through a uint32 h2d_stream of shape (2,)")
+
+
+def dropout(t: Tensor, seed_tensor: Tensor, p: float) -> Tensor:
+    """Zero each element with probability ``p`` and scale the rest by ``1/(1-p)``."""
+    _check_seed(seed_tensor)
+    return emit("dropout", torch.ops.ipuxl.dropout, (t, seed_tensor, float(p)))
+
+
+def random_uniform(seed_tensor: Tensor, shape: tuple[int, ...], low: float = 0.0, high: float = 1.0,
+                   dtype: torch.dtype = torch.float32) -> Tensor:
+    """Uniform samples in ``[low, high)``."""
+    _check_seed(seed_tensor)
+    return emit("random_uniform", torch.ops.ipuxl.random_uniform,
+                (seed_tensor, list(shape), float(low), float(high), dtype))
+
+
+def random_normal(seed_tensor: Tensor, shape: tuple[int, ...], mean: float = 0.0, std: float = 1.0,
+                  dtype: torch.dtype = torch.float32) -> Tensor:
+    """Normal samples with ``mean`` and ``std``."""
+    _check_seed(seed_tensor)
+    return emit("random_normal", torch.ops.ipuxl.random_normal,
+                (seed_tensor, list(shape), float(mean), float(std), dtype))
+
+
+def split_random_seed(seed: Tensor, n: int = 2) -> tuple[Tensor, ...]:
+    """``n`` new seeds derived deterministically from ``seed``."""
+    _check_seed(seed)
+    return tuple(emit("split_random_seed", torch.ops.ipuxl.modify_seed, (seed, i)) for i in range(n))
+
+
+def create_seeds(seed: int, offset: int = 0, batches_per_step: int = 1, gradient_accumulation_factor: int = 1,
+                 replicas: int = 1) -> np.ndarray:
+    """Host seeds (uint32 pairs) for a seed stream, shaped like PopXL's (size-1 dims dropped)."""
+    rng = np.random.default_rng(seed + offset)
+    words = rng.integers(0, 2**32, size=(batches_per_step, gradient_accumulation_factor, replicas, 2),
+                         dtype=np.uint64).astype(np.uint32)
+    return np.squeeze(words, axis=tuple(i for i, d in enumerate(words.shape[:-1]) if d == 1))

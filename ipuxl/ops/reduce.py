@@ -1,0 +1,111 @@
+"""Reductions. PopXL names (``sum``, ``mean``, ``max``...) and ``reduce_*`` aliases."""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from ipuxl.capture.builder import emit
+from ipuxl.ir.tensor import Tensor
+
+__all__ = [
+    "sum", "mean", "max", "min", "prod", "sumsquare", "logsumexp", "l1", "l2",
+    "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "argmax", "argmin", "lamb_square",
+]
+
+Axis = int | Iterable[int] | None
+
+
+def _dims(t: Tensor, axis: Axis) -> list[int]:
+    if axis is None:
+        return list(range(t.rank))
+    return [axis] if isinstance(axis, int) else list(axis)
+
+
+def sum(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """Sum over ``axis`` (all axes when None)."""
+    return emit("sum", torch.sum, (t, _dims(t, axis), keepdims))
+
+
+def mean(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Mean over ``axis`` (all axes when None)."""
+    return emit("mean", torch.mean, (t, _dims(t, axis), keepdims))
+
+
+def max(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """Maximum over ``axis`` (all axes when None)."""
+    return emit("max", torch.amax, (t, _dims(t, axis), keepdims))
+
+
+def min(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """Minimum over ``axis`` (all axes when None)."""
+    return emit("min", torch.amin, (t, _dims(t, axis), keepdims))
+
+
+def prod(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Product over ``axis`` (all axes when None)."""
+    return emit("prod", _prod, (t, _dims(t, axis), keepdims))
+
+
+def _prod(t: torch.Tensor, dims: list[int], keepdim: bool) -> torch.Tensor:
+    for d in sorted(dims, reverse=True):
+        t = torch.prod(t, d, keepdim=keepdim)
+    return t
+
+
+def sumsquare(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Sum of squares over ``axis``."""
+    return emit("sumsquare", _sumsquare, (t, _dims(t, axis), keepdims))
+
+
+def _sumsquare(t: torch.Tensor, dims: list[int], keepdim: bool) -> torch.Tensor:
+    return torch.sum(t * t, dims, keepdim)
+
+
+def logsumexp(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """``log(sum(exp(t)))`` over ``axis``, computed stably."""
+    return emit("logsumexp", torch.logsumexp, (t, _dims(t, axis), keepdims))
+
+
+def l1(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Sum of absolute values over ``axis``."""
+    return emit("l1", torch.linalg.vector_norm, (t, 1, _dims(t, axis), keepdims))
+
+
+def l2(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Euclidean norm over ``axis``."""
+    return emit("l2", torch.linalg.vector_norm, (t, 2, _dims(t, axis), keepdims))
+
+
+def argmax(t: Tensor, dim: int = 0, keepdim: bool = False) -> Tensor:
+    """Index of the maximum along ``dim`` (int32, as in PopXL)."""
+    return emit("argmax", _argmax, (t, dim, keepdim))
+
+
+def argmin(t: Tensor, dim: int = 0, keepdim: bool = False) -> Tensor:
+    """Index of the minimum along ``dim`` (int32, as in PopXL)."""
+    return emit("argmin", _argmin, (t, dim, keepdim))
+
+
+def _argmax(t: torch.Tensor, dim: int, keepdim: bool) -> torch.Tensor:
+    return torch.argmax(t, dim, keepdim).to(torch.int32)
+
+
+def _argmin(t: torch.Tensor, dim: int, keepdim: bool) -> torch.Tensor:
+    return torch.argmin(t, dim, keepdim).to(torch.int32)
+
+
+def lamb_square(t: Tensor) -> Tensor:
+    """Sum of squares of all elements, in float32 (LAMB's squared norms)."""
+    return emit("lamb_square", _lamb_square, (t,))
+
+
+def _lamb_square(t: torch.Tensor) -> torch.Tensor:
+    t32 = t.float()
+    return torch.sum(t32 * t32)
+
+
+reduce_sum = sum
+reduce_mean = mean
+reduce_max = max
+reduce_min = min

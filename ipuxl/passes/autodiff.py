@@ -1,0 +1,244 @@
+"""Automatic differentiation of an IR graph with PyTorch's own machinery.
+
+Preconditions: ``graph`` is a subgraph (not the main graph) without host transfers.
+
+Algorithm:
+
+1. Lower the forward graph to a callable and trace the *joint* function
+   ``(primals, tangents) -> (all forward outputs, grads of grads_required)`` with
+   ``make_fx`` over ``torch.func.vjp`` (fake tensors: no data is computed).
+2. Tag every joint node forward (an ancestor of a forward output) or backward, so
+   functorch's ``default_partition`` splits there instead of recomputing the
+   forward in the backward (see the DESIGN note on ``partitioner_tag``).
+3. Partition into forward-with-saved-activations and backward graphs.
+4. Rewrite the forward IR graph with the partitioned forward: its inputs and
+   existing outputs keep their positions; activations the backward needs become
+   new outputs (unless they already are inputs or outputs), as in PopXL.
+5. Build the grad IR graph: inputs are the gradients of ``grads_provided`` (in
+   order) then the activations; outputs are the gradients of ``grads_required``.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+from torch._functorch.partitioners import default_partition
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ipuxl.errors import AutodiffError
+from ipuxl.ir.context import user_source_line
+from ipuxl.ir.graph import Graph
+from ipuxl.ir.lower import graph_callable
+from ipuxl.ir.tensor import Tensor
+
+__all__ = ["differentiate"]
+
+FWD_TAG, BWD_TAG = "is_forward", "is_backward"
+
+
+def differentiate(graph: Graph, grads_provided: Sequence[Tensor] | None,
+                  grads_required: Sequence[Tensor] | None) -> tuple[Graph, list[tuple[Tensor, str]], list[Tensor]]:
+    """Differentiate ``graph`` (see the module docstring).
+
+    Returns:
+        ``(grad_graph, expected_inputs, expected_outputs)`` where ``expected_inputs``
+        holds ``(forward tensor, "FwdGrad" | "Fwd")`` per grad-graph input and
+        ``expected_outputs`` the forward input of each grad-graph output.
+    """
+    provided, required = _select(graph, grads_provided, grads_required)
+    joint = _trace_joint(graph, provided, required)
+    n_fwd = len(graph.outputs)
+    _check_paths(graph, joint, n_fwd, required, grads_required is not None)
+    _tag_forward(joint, n_fwd)
+    fw, bw = default_partition(joint, None, num_fwd_outputs=n_fwd)
+    saved = _rewrite_forward(graph, fw, n_fwd)
+    grad_graph = _build_grad_graph(graph, bw, provided, saved)
+    expected_inputs = [(t, "FwdGrad") for t in provided] + [(t, "Fwd") for _, t in saved]
+    return grad_graph, expected_inputs, required
+
+
+# -- step 0: which gradients ------------------------------------------------------------
+def _select(graph: Graph, provided: Sequence[Tensor] | None,
+            required: Sequence[Tensor] | None) -> tuple[list[Tensor], list[Tensor]]:
+    if graph.is_main:
+        raise AutodiffError("autodiff of the main graph is not supported",
+                            where=user_source_line(),
+                            fix="build the forward pass as a subgraph with ir.create_graph and call it")
+    if any(n.meta.get("ipuxl_role") in ("h2d", "d2h") for n in graph.fx.nodes):
+        raise AutodiffError(f"graph '{graph.name}' contains host transfers and cannot be differentiated")
+    outs = list(graph.outputs) if provided is None else list(provided)
+    ins = [t for t in graph.inputs if t.dtype.is_floating_point] if required is None else list(required)
+    for t in outs:
+        _require_member(t, graph.outputs, graph, "grads_provided", "an output")
+    for t in ins:
+        _require_member(t, graph.inputs, graph, "grads_required", "an input")
+        if not t.dtype.is_floating_point:
+            raise AutodiffError(f"autodiff of graph '{graph.name}': input '{t.name}' has dtype {t.dtype}, "
+                                "which has no gradient", where=user_source_line(),
+                                fix="list only floating-point inputs in grads_required")
+    return [t for t in outs if t.dtype.is_floating_point], ins
+
+
+def _require_member(t: Tensor, members: Sequence[Tensor], graph: Graph, arg: str, what: str) -> None:
+    if not any(t is m for m in members):
+        raise AutodiffError(f"autodiff of graph '{graph.name}': {arg} contains '{getattr(t, 'name', t)}', "
+                            f"which is not {what} of the graph", where=user_source_line(),
+                            fix=f"pass tensors from graph.{'outputs' if what == 'an output' else 'inputs'}")
+
+
+# -- step 1: joint trace ----------------------------------------------------------------------
+def _trace_joint(graph: Graph, provided: list[Tensor], required: list[Tensor]) -> fx.GraphModule:
+    forward = graph_callable(graph)
+    outs_idx = [_index(graph.outputs, t) for t in provided]
+    req_idx = [_index(graph.inputs, t) for t in required]
+
+    def joint(primals: list[torch.Tensor], tangents: list[torch.Tensor]) -> tuple:
+        def f(*req: torch.Tensor) -> tuple:
+            args = list(primals)
+            for i, r in zip(req_idx, req):
+                args[i] = r
+            outs = forward(*args)
+            return tuple(outs[j] for j in outs_idx), tuple(outs)
+
+        _, vjp_fn, all_outs = torch.func.vjp(f, *[primals[i] for i in req_idx], has_aux=True)
+        grads = vjp_fn(tuple(tangents)) if req_idx else ()
+        return (*all_outs, *grads)
+
+    primals = [torch.zeros(t.shape, dtype=t.dtype) for t in graph.inputs]
+    tangents = [torch.zeros(t.shape, dtype=t.dtype) for t in provided]
+    return make_fx(joint, tracing_mode="fake")(primals, tangents)
+
+
+def _index(tensors: Sequence[Tensor], t: Tensor) -> int:
+    return next(i for i, m in enumerate(tensors) if m is t)
+
+
+def _check_paths(graph: Graph, joint: fx.GraphModule, n_fwd: int, required: list[Tensor], explicit: bool) -> None:
+    """Raise when an explicitly required gradient does not depend on any provided gradient."""
+    if not explicit:
+        return
+    grads = list(joint.graph.output_node().args[0][n_fwd:])
+    for t, grad in zip(required, grads):
+        if not _depends_on_tangent(grad):
+            raise AutodiffError(
+                f"autodiff of graph '{graph.name}': input '{t.name}' has no differentiable path to the "
+                "outputs in grads_provided (its gradient would always be zero)", where=user_source_line(),
+                fix="remove it from grads_required, or check that the outputs use it (ops.detach stops gradients)")
+
+
+def _depends_on_tangent(node: Any) -> bool:
+    seen, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if not isinstance(n, fx.Node) or n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder" and n.name.startswith("tangents"):
+            return True
+        stack.extend(n.all_input_nodes)
+    return False
+
+
+# -- step 2: tags -----------------------------------------------------------------------------------
+def _tag_forward(joint: fx.GraphModule, n_fwd: int) -> None:
+    forward_nodes: set[fx.Node] = set()
+    stack = [n for n in joint.graph.output_node().args[0][:n_fwd] if isinstance(n, fx.Node)]
+    while stack:
+        node = stack.pop()
+        if node not in forward_nodes:
+            forward_nodes.add(node)
+            stack.extend(node.all_input_nodes)
+    for node in joint.graph.nodes:
+        if node.op in ("call_function", "get_attr"):
+            node.meta["partitioner_tag"] = FWD_TAG if node in forward_nodes else BWD_TAG
+
+
+# -- step 4: forward rewrite --------------------------------------------------------------------------
+def _rewrite_forward(graph: Graph, fw: fx.GraphModule, n_fwd: int) -> list[tuple[str, Tensor]]:
+    """Replace ``graph``'s body by the partitioned forward; return (saved name, fwd tensor) pairs."""
+    new = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    handles: dict[fx.Node, Tensor] = {}
+    placeholders = [n for n in fw.graph.nodes if n.op == "placeholder"]
+    for node, handle in zip(placeholders, graph.inputs):
+        fresh = new.placeholder(handle.node.name)
+        fresh.meta.update(handle.node.meta)
+        env[node] = fresh
+        handle._node = fresh
+        handles[fresh] = handle
+    _copy_body(fw, new, env, graph.constants)
+    outputs = list(fw.graph.output_node().args[0])
+    graph.fx = new
+    graph._handles = handles
+    for handle, node in zip(graph.outputs, outputs[:n_fwd]):
+        _rebind(graph, handle, env[node])
+    saved: list[tuple[str, Tensor]] = []
+    for node in outputs[n_fwd:]:
+        saved.append((node.name, _saved_tensor(graph, env[node])))
+    return saved
+
+
+def _rebind(graph: Graph, handle: Tensor, node: fx.Node) -> None:
+    if node in graph._handles:
+        index = _index(graph.outputs, handle)
+        graph._outputs[index] = graph._handles[node]
+        return
+    handle._node = node
+    graph._handles[node] = handle
+
+
+def _saved_tensor(graph: Graph, node: fx.Node) -> Tensor:
+    existing = graph._handles.get(node)
+    if existing is not None:
+        return existing
+    tensor = graph.wrap(node)
+    node.meta.setdefault("ipuxl_name", node.name)
+    graph._add_output(tensor)
+    return tensor
+
+
+def _copy_body(source: fx.GraphModule, new: fx.Graph, env: dict[fx.Node, fx.Node],
+               constants: dict[str, torch.Tensor]) -> None:
+    for node in source.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        copied = new.node_copy(node, lambda n: env[n])
+        copied.meta["val"] = _to_meta(node.meta.get("val"))
+        if node.op == "get_attr":
+            constants[node.target] = getattr(source, node.target)
+        env[node] = copied
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.empty(value.shape, dtype=value.dtype, device="meta")
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_meta(v) for v in value)
+    return value
+
+
+# -- step 5: grad graph -------------------------------------------------------------------------------
+def _build_grad_graph(graph: Graph, bw: fx.GraphModule, provided: list[Tensor],
+                      saved: list[tuple[str, Tensor]]) -> Graph:
+    grad = graph.ir._new_graph(f"{graph.name}_grad")
+    placeholders = {n.name: n for n in bw.graph.nodes if n.op == "placeholder"}
+    env: dict[fx.Node, fx.Node] = {}
+    for k, t in enumerate(provided, start=1):
+        handle = grad._add_input(t.spec, f"Gradient___{t.name}")
+        if f"tangents_{k}" in placeholders:
+            env[placeholders[f"tangents_{k}"]] = handle.node
+    for name, t in saved:
+        handle = grad._add_input(t.spec, t.name)
+        env[placeholders[name]] = handle.node
+    _copy_body(bw, grad.fx, env, grad.constants)
+    outputs = []
+    for node in bw.graph.output_node().args[0]:
+        out = env[node]
+        if out.op == "placeholder":  # a gradient that is an input unchanged: give it its own node
+            out = grad.fx.call_function(torch.clone, (out,))
+            out.meta["val"] = _to_meta(node.meta.get("val"))
+        outputs.append(grad.wrap(out))
+    grad._set_outputs(outputs)
+    return grad
+
