@@ -22,5 +22,7 @@ def sgd_update_(params: Mapping[str, Tensor], grads: Mapping[str, Tensor], lr: f
         raise InvalidArgumentError(f"sgd_update_: no gradient for {missing}",
                                    fix="pass a gradient for every parameter (autodiff grads_required)")
     for name, weight in params.items():
-        scaled_add_(weight, grads[name], b=-lr if not isinstance(lr, Tensor) else 1.0) if not isinstance(lr, Tensor) \
-            else scaled_add_(weight, grads[name] * lr, b=-1.0)
+        if isinstance(lr, Tensor):
+            scaled_add_(weight, grads[name] * lr, b=-1.0)
+        else:
+            scaled_add_(weight, grads[name], b=-lr)
