@@ -22,7 +22,7 @@ def format_schedule(graph: "Graph") -> str:
     outs = ", ".join(_name(t.node) for t in graph.outputs)
     lines = [f"Graph : {graph.name}", f"  ({ins}) -> ({outs}) {{"]
     for node in graph.fx.nodes:
-        if node.op == "placeholder" and node.meta.get("ipuxl_role", "input") == "input":
+        if node.op == "placeholder" and node.meta.get("ipuxl_role", "input") in ("input", "d2h"):
             continue
         if node.op == "get_attr" or node.meta.get("ipuxl_op") == "output_of":
             continue
@@ -34,17 +34,24 @@ def format_schedule(graph: "Graph") -> str:
 def _op_line(node: fx.Node) -> str:
     if node.op == "placeholder":
         stream = node.meta.get("ipuxl_stream")
-        if node.meta.get("ipuxl_role") == "h2d":
-            return f"HostLoad({stream.name}) -> ({_name(node)} {_spec(node)})"
-        return f"HostStoreSlot({stream.name})"
+        return f"host_load({stream.name}) -> ({_name(node)} {_spec(node)})"
+    if node.meta.get("ipuxl_op") == "host_store":
+        stream = node.args[0].meta["ipuxl_stream"]
+        return f"host_store({stream.name}) ({_name(node.args[1])})"
     op = node.meta.get("ipuxl_op") or _target_name(node.target)
     called = node.meta.get("ipuxl_called_graph")
     if called is not None:
         op = f"{op}({called.name})"
-    args = ", ".join(_name(a) for a in node.all_input_nodes)
+    args = ", ".join(_name(a) for a in _flat_args(node))
     users = [u for u in node.users if u.meta.get("ipuxl_op") == "output_of"]
     outs = ", ".join(f"{_name(u)} {_spec(u)}" for u in users) if users else f"{_name(node)} {_spec(node)}"
     return f"{op} ({args}) -> ({outs})"
+
+
+def _flat_args(node: fx.Node) -> list[Any]:
+    found: list[Any] = []
+    fx.node.map_arg((node.args, node.kwargs), found.append)
+    return found
 
 
 def _name(node: Any) -> str:
@@ -59,4 +66,6 @@ def _spec(node: fx.Node) -> str:
 
 
 def _target_name(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return target.overloadpacket.__name__
     return getattr(target, "__name__", str(target)).split(".")[-1]

@@ -53,7 +53,7 @@ def differentiate(graph: Graph, grads_provided: Sequence[Tensor] | None,
     _tag_forward(joint, n_fwd)
     fw, bw = default_partition(joint, None, num_fwd_outputs=n_fwd)
     saved = _rewrite_forward(graph, fw, n_fwd)
-    grad_graph = _build_grad_graph(graph, bw, provided, saved)
+    grad_graph = _build_grad_graph(graph, bw, provided, saved, required)
     expected_inputs = [(t, "FwdGrad") for t in provided] + [(t, "Fwd") for _, t in saved]
     return grad_graph, expected_inputs, required
 
@@ -220,7 +220,7 @@ def _to_meta(value: Any) -> Any:
 
 # -- step 5: grad graph -------------------------------------------------------------------------------
 def _build_grad_graph(graph: Graph, bw: fx.GraphModule, provided: list[Tensor],
-                      saved: list[tuple[str, Tensor]]) -> Graph:
+                      saved: list[tuple[str, Tensor]], required: list[Tensor]) -> Graph:
     grad = graph.ir._new_graph(f"{graph.name}_grad")
     placeholders = {n.name: n for n in bw.graph.nodes if n.op == "placeholder"}
     env: dict[fx.Node, fx.Node] = {}
@@ -233,11 +233,12 @@ def _build_grad_graph(graph: Graph, bw: fx.GraphModule, provided: list[Tensor],
         env[placeholders[name]] = handle.node
     _copy_body(bw, grad.fx, env, grad.constants)
     outputs = []
-    for node in bw.graph.output_node().args[0]:
+    for node, fwd_input in zip(bw.graph.output_node().args[0], required):
         out = env[node]
         if out.op == "placeholder":  # a gradient that is an input unchanged: give it its own node
             out = grad.fx.call_function(torch.clone, (out,))
             out.meta["val"] = _to_meta(node.meta.get("val"))
+        out.meta["ipuxl_name"] = f"Gradient___{fwd_input.name}"
         outputs.append(grad.wrap(out))
     grad._set_outputs(outputs)
     return grad

@@ -1,0 +1,26 @@
+"""Shared test helpers: import the example programs as modules."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_example(name: str) -> ModuleType:
+    """Import ``examples/<name>.py`` (the examples are scripts, not a package)."""
+    path = ROOT / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"ipuxl_example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def popxl_mnist() -> ModuleType:
+    return load_example("popxl_mnist")
