@@ -52,9 +52,10 @@ def build_graph(ir: "Ir", fn: Callable[..., Any], args: tuple, kwargs: dict) -> 
     name = type(fn).__qualname__ if isinstance(fn, Module) else getattr(fn, "__qualname__", "graph")
     graph = ir._new_graph(name.replace(".<locals>", ""))
     bound = _bind(target, name, args, kwargs)
+    by_ref = _by_ref_params(target)
     with graph:
         for param, value in bound.arguments.items():
-            bound.arguments[param] = _as_inputs(graph, param, value)
+            bound.arguments[param] = _as_inputs(graph, param, value, by_ref=param in by_ref)
         result = target(*bound.args, **bound.kwargs)
         graph._set_outputs(_outputs(graph, name, result))
     return graph
@@ -86,7 +87,7 @@ def variable(data: Any, dtype: torch.dtype | None = None, name: str | None = Non
         )
     array, torch_dtype = _host_array(data, dtype, downcast)
     ir = graph.ir
-    attr = ir._unique(set(ir._variables), _attr_name(name or "variable"))
+    attr = ir._unique(set(ir._variables) | set(graph.constants), _attr_name(name or "variable"))
     node = graph.fx.get_attr(attr)
     _record_leaf(node, array.shape, torch_dtype, name or attr, "variable")
     tensor = graph.wrap(node, Variable)
@@ -99,7 +100,7 @@ def constant(data: Any, dtype: torch.dtype | None = None, name: str | None = Non
     """Create a constant tensor in the current graph."""
     graph = context.gcg()
     array, torch_dtype = _host_array(data, dtype, downcast)
-    attr = graph.ir._unique(set(graph.constants), _attr_name(name or "constant"))
+    attr = graph.ir._unique(set(graph.constants) | set(graph.ir._variables), _attr_name(name or "constant"))
     graph.constants[attr] = torch.from_numpy(array).to(torch_dtype)
     node = graph.fx.get_attr(attr)
     _record_leaf(node, array.shape, torch_dtype, name or attr, "constant")
@@ -120,6 +121,17 @@ def _bind(target: Callable[..., Any], name: str, args: tuple, kwargs: dict) -> i
     return bound
 
 
+def _by_ref_params(target: Callable[..., Any]) -> set[str]:
+    """Parameters annotated ``TensorByRef`` (or a list/tuple of it), as in PopXL."""
+    found = set()
+    for param in inspect.signature(target).parameters.values():
+        annotation = param.annotation
+        text = annotation if isinstance(annotation, str) else repr(annotation)
+        if annotation is TensorByRef or "TensorByRef" in text:
+            found.add(param.name)
+    return found
+
+
 def _as_inputs(graph: "Graph", param: str, value: Any, by_ref: bool = False) -> Any:
     """Turn one create_graph argument into graph input(s), or pass it through."""
     if isinstance(value, TensorByRef):
@@ -128,11 +140,11 @@ def _as_inputs(graph: "Graph", param: str, value: Any, by_ref: bool = False) -> 
         spec = value.spec if isinstance(value, Tensor) else value
         return graph._add_input(spec, param, by_ref=by_ref)
     if isinstance(value, (list, tuple)) and any(isinstance(v, (Tensor, TensorSpec, TensorByRef)) for v in value):
-        return type(value)(_as_inputs(graph, f"{param}_{i}", v) for i, v in enumerate(value))
+        return type(value)(_as_inputs(graph, f"{param}_{i}", v, by_ref) for i, v in enumerate(value))
     if isinstance(value, dict) and param != "kwargs":
         return value
     if isinstance(value, dict):
-        return {k: _as_inputs(graph, k, v) for k, v in value.items()}
+        return {k: _as_inputs(graph, k, v, by_ref) for k, v in value.items()}
     if _is_plain(value):
         return value
     raise InvalidArgumentError(

@@ -171,7 +171,11 @@ class Session:
             raise StreamInputError(
                 f"Session.run: no data for input stream '{stream.name}'",
                 fix=f"pass {{stream: array}} for every loaded stream: {[s.name for s in self._h2d]}")
-        tensor = data if isinstance(data, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(data))
+        # numpy data is copied here (np.array keeps 0-d shapes, unlike np.ascontiguousarray); torch
+        # data is copied by ``.to`` below: the program may update a loaded tensor in place, and that
+        # must never write the caller's data.
+        owned = not isinstance(data, torch.Tensor)
+        tensor = torch.from_numpy(np.array(data, order="C")) if owned else data.detach()
         expected = self._full_shape(stream.shape)
         if tuple(tensor.shape) != expected:
             n = self.ir.num_host_transfers
@@ -185,7 +189,7 @@ class Session:
                     f"Session.run: input stream '{stream.name}' expects dtype {dtype_name(stream.dtype)}, "
                     f"got {dtype_name(tensor.dtype)}",
                     fix=f"convert the data, e.g. array.astype(np.{to_numpy_dtype(stream.dtype)})")
-        return tensor.to(self.device, stream.dtype)
+        return tensor.to(self.device, stream.dtype, copy=not owned)
 
     def _to_host(self, tensor: torch.Tensor, stream: DeviceToHostStream) -> np.ndarray:
         array = tensor.detach().to("cpu", torch.float32 if tensor.dtype == torch.bfloat16 else tensor.dtype).numpy()

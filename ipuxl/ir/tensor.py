@@ -222,7 +222,8 @@ class Constant(Tensor):
 class TensorByRef:
     """Marks a subgraph input as passed by reference: in-place changes reach the caller.
 
-    Used with ``ir.create_graph(fn, TensorByRef(spec_or_tensor))`` as in PopXL.
+    As in PopXL, annotate the parameter (``def fn(w: TensorByRef)``); ipuxl also
+    accepts wrapping the argument: ``ir.create_graph(fn, TensorByRef(tensor_or_spec))``.
     """
 
     __slots__ = ("value",)

@@ -6,26 +6,39 @@ is in program order (a later in-place update cannot change what was stored).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from ipuxl.capture.builder import emit
-from ipuxl.errors import GraphContextError, ShapeMismatchError
+from ipuxl.capture.builder import check_same_graph, emit
+from ipuxl.errors import GraphContextError, InvalidArgumentError, ShapeMismatchError
 from ipuxl.ir import context
-from ipuxl.ir.graph import describe
+from ipuxl.ir.graph import Graph, describe
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream
 from ipuxl.ir.tensor import Tensor
 
 __all__ = ["host_load", "host_store"]
 
 
-def _main_graph_only(op_name: str, stream_name: str):
+def _main_graph_only(op_name: str, stream: Any, kind: type) -> Graph:
+    """The current graph, checked to be the main graph of ``stream``'s IR."""
     graph = context.gcg()
+    if not isinstance(stream, kind):
+        raise InvalidArgumentError(
+            f"{op_name} needs a {kind.__name__} as its first argument, got {describe(stream)}",
+            where=context.user_source_line(),
+            fix=f"call {op_name}(stream, ...) with a stream made by ipuxl."
+                f"{'h2d_stream' if kind is HostToDeviceStream else 'd2h_stream'}(shape, dtype, name)")
     if not graph.is_main:
         raise GraphContextError(
-            f"{op_name} of stream '{stream_name}' in subgraph '{graph.name}': host transfers are "
+            f"{op_name} of stream '{stream.name}' in subgraph '{graph.name}': host transfers are "
             "supported in the main graph only", where=context.user_source_line(),
             fix="load/store in the main graph and pass the tensor to the subgraph call; use "
                 "ir.num_host_transfers for device iterations")
+    if stream.ir is not graph.ir:
+        raise GraphContextError(
+            f"{op_name}: stream '{stream.name}' belongs to another Ir than graph '{graph.name}'",
+            where=context.user_source_line(), fix="create the stream under `with ir.main_graph:` of this Ir")
     return graph
 
 
@@ -35,7 +48,7 @@ def _streams_in(graph, role: str) -> list:
 
 def host_load(h2d_stream: HostToDeviceStream, name: str | None = None) -> Tensor:
     """Read the next value of ``h2d_stream`` into the program."""
-    graph = _main_graph_only("host_load", h2d_stream.name)
+    graph = _main_graph_only("host_load", h2d_stream, HostToDeviceStream)
     if h2d_stream in _streams_in(graph, "h2d"):
         raise GraphContextError(f"stream '{h2d_stream.name}' is loaded twice in one program",
                                 where=context.user_source_line(),
@@ -48,7 +61,12 @@ def host_load(h2d_stream: HostToDeviceStream, name: str | None = None) -> Tensor
 
 def host_store(d2h_stream: DeviceToHostStream, t: Tensor) -> None:
     """Send ``t`` to the host through ``d2h_stream``."""
-    graph = _main_graph_only("host_store", d2h_stream.name)
+    graph = _main_graph_only("host_store", d2h_stream, DeviceToHostStream)
+    if not isinstance(t, Tensor):
+        raise InvalidArgumentError(
+            f"host_store of stream '{d2h_stream.name}' needs a Tensor to store, got {describe(t)}",
+            where=context.user_source_line(), fix="pass a tensor of the main graph: ops.host_store(stream, t)")
+    check_same_graph(graph, "host_store", (t,), {})  # before the slot is added: no half-built store
     if t.spec != d2h_stream.spec:
         raise ShapeMismatchError(
             f"host_store: stream '{d2h_stream.name}' carries {d2h_stream.shape} "
