@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from ipuxl.capture.builder import _root, emit
 from ipuxl.capture.graph_builder import constant
+from ipuxl.dtypes import dtype_name
 from ipuxl.errors import GraphContextError, InvalidArgumentError, ShapeMismatchError
 from ipuxl.ir import context
 from ipuxl.ir.graph import Graph, describe
@@ -211,7 +212,7 @@ def _connect_one(graph: Graph, graph_input: Tensor, value: Any) -> Tensor:
     if value.spec != graph_input.spec:
         raise ShapeMismatchError(
             f"call of graph '{graph.name}': input '{graph_input.name}' expects "
-            f"{graph_input.shape} {graph_input.dtype}, got {describe(value)}",
+            f"{graph_input.shape} {dtype_name(graph_input.dtype)}, got {describe(value)}",
             where=context.user_source_line(),
             fix="pass a tensor of the shape and dtype the graph was created with (or create another graph)")
     return value

@@ -17,7 +17,7 @@ import ipuxl
 import ipuxl.ops as ops
 from ipuxl.dtypes import from_any, to_numpy_dtype
 
-__all__ = ["check_op", "randn", "run_main", "as_list"]
+__all__ = ["check_op", "run_op", "randn", "run_main", "as_list"]
 
 Shape = tuple[int, ...]
 Input = Shape | np.ndarray
@@ -80,39 +80,31 @@ def run_main(build: Callable[..., dict[str, Any]],
     return got
 
 
-def check_op(ipuxl_fn: Callable[..., Any], torch_fn: Callable[..., Any], inputs: Sequence[Input],
-             *, grad: bool = True, grad_inputs: Sequence[int] | None = None, dtype: Any = np.float64,
-             low: float | None = None, high: float | None = None, atol: float = 1e-7, rtol: float = 1e-7,
-             seed: int = 0) -> dict[str, list[np.ndarray]]:
-    """Compare ``ipuxl_fn`` with ``torch_fn`` on the same inputs, forward and backward.
+def _make_inputs(inputs: Sequence[Input], dtype: Any, low: float | None, high: float | None,
+                 seed: int) -> list[np.ndarray]:
+    return [np.ascontiguousarray(randn(x, dtype, seed + i, low, high) if isinstance(x, tuple) else x)
+            for i, x in enumerate(inputs)]
+
+
+def run_op(ipuxl_fn: Callable[..., Any], arrays: Sequence[np.ndarray], *, grad: bool = True,
+           grad_inputs: Sequence[int] | None = None, seed: int = 0) -> dict[str, Any]:
+    """Run ``ipuxl_fn`` as a subgraph called from the main graph, and its gradient.
 
     Args:
         ipuxl_fn: builds the op(s) on ipuxl ``Tensor`` inputs; returns a Tensor or a
-            sequence of Tensors.
-        torch_fn: the same computation on ``torch.Tensor`` inputs (the oracle).
-        inputs: per input, a shape (random ``dtype`` data is made) or an array.
-        grad: also compare gradients of the floating-point inputs (of ``grad_inputs``
-            when given, indices into ``inputs``) for a random upstream ``dy`` per
-            floating-point output.
-        dtype, low, high: data made for shape inputs (``randn``; uniform in
-            ``[low, high)`` when a bound is given).
-        atol, rtol: tolerances of ``torch.testing.assert_close``.
-        seed: seed of the data.
+            sequence of Tensors. It becomes a subgraph with one input per array.
+        arrays: host data of the inputs (host-loaded in the main graph).
+        grad: also differentiate the subgraph (``transforms.autodiff``) and call its
+            grad graph with one random ``dy`` per floating-point output.
+        grad_inputs: indices of the inputs whose gradients are required (default:
+            autodiff's default, every floating-point input).
+        seed: seed of the random ``dy``.
 
     Returns:
-        ``{"out": [...], "grad": [...]}`` host arrays from ipuxl (for extra checks).
+        ``{"out": [...], "dy": [(output index, dy), ...], "grad": [...],
+        "wrt": [input index of each gradient]}`` with host arrays.
     """
-    arrays = [np.ascontiguousarray(randn(x, dtype, seed + i, low, high) if isinstance(x, tuple) else x)
-              for i, x in enumerate(inputs)]
     specs = [ipuxl.TensorSpec(a.shape, from_any(a.dtype)) for a in arrays]
-    float_idx = [i for i, s in enumerate(specs) if s.dtype.is_floating_point]
-    wrt = list(grad_inputs) if grad_inputs is not None else float_idx
-
-    # -- eager torch oracle ---------------------------------------------------------------
-    xs = [torch.tensor(a, requires_grad=grad and i in wrt) for i, a in enumerate(arrays)]
-    expected = as_list(torch_fn(*xs))
-
-    # -- ipuxl program ----------------------------------------------------------------------
     ir = ipuxl.Ir()
     feeds: dict[Any, np.ndarray] = {}
 
@@ -121,52 +113,80 @@ def check_op(ipuxl_fn: Callable[..., Any], torch_fn: Callable[..., Any], inputs:
         feeds[stream] = data
         return ops.host_load(stream, name)
 
-    with ir.main_graph:
-        def op_graph(*ts: ipuxl.Tensor) -> Any:
-            return ipuxl_fn(*ts)
+    def store(name: str, t: ipuxl.Tensor) -> Any:
+        stream = ipuxl.d2h_stream(t.shape, t.dtype, name)
+        ops.host_store(stream, t)
+        return stream
 
+    def op_graph(*ts: ipuxl.Tensor) -> Any:
+        return ipuxl_fn(*ts)
+
+    with ir.main_graph:
         graph = ir.create_graph(op_graph, *specs)
-        loaded = [load(f"x{i}", a) for i, a in enumerate(arrays)]
-        fwd = ops.call_with_info(graph, *loaded)
-        n_out = len(graph.outputs)
-        outs = list(fwd.outputs[:n_out])
-        stored = []
-        for i, t in enumerate(outs):
-            stream = ipuxl.d2h_stream(t.shape, t.dtype, f"y{i}")
-            ops.host_store(stream, t)
-            stored.append(stream)
-        grad_streams, dys = [], []
+        fwd = ops.call_with_info(graph, *[load(f"x{i}", a) for i, a in enumerate(arrays)])
+        outs = list(fwd.outputs[:len(graph.outputs)])
+        out_streams = [store(f"y{i}", t) for i, t in enumerate(outs)]
+        dys: list[tuple[int, np.ndarray]] = []
+        grad_streams, wrt = [], []
         if grad:
-            info = ipuxl.transforms.autodiff(graph, grads_required=[graph.inputs[i] for i in wrt])
-            float_outs = [i for i in range(n_out) if outs[i].dtype.is_floating_point]
+            required = None if grad_inputs is None else [graph.inputs[i] for i in grad_inputs]
+            info = ipuxl.transforms.autodiff(graph, grads_required=required)
+            wrt = [next(i for i, g in enumerate(graph.inputs) if g is t) for t in info.outputs]
             dy_tensors = []
-            for k, i in enumerate(float_outs):
-                dy = randn(outs[i].shape, to_numpy_dtype(outs[i].dtype), seed + 1000 + k)
-                dys.append((i, dy))
-                dy_tensors.append(load(f"dy{i}", dy))
+            for i, t in enumerate(outs):
+                if t.dtype.is_floating_point:
+                    dy = randn(t.shape, to_numpy_dtype(t.dtype), seed + 1000 + i)
+                    dys.append((i, dy))
+                    dy_tensors.append(load(f"dy{i}", dy))
             grads = ops.call(info.graph, *dy_tensors, inputs_dict=info.inputs_dict(fwd))
-            for k, t in enumerate(grads):
-                stream = ipuxl.d2h_stream(t.shape, t.dtype, f"dx{wrt[k]}")
-                ops.host_store(stream, t)
-                grad_streams.append(stream)
+            grad_streams = [store(f"dx{i}", t) for i, t in zip(wrt, grads)]
 
     with ipuxl.Session(ir, "cpu") as session:
         results = session.run(feeds)
+    return {"out": [results[s] for s in out_streams], "dy": dys,
+            "grad": [results[s] for s in grad_streams], "wrt": wrt}
 
-    got = [results[s] for s in stored]
-    assert len(got) == len(expected), f"ipuxl gave {len(got)} outputs, torch {len(expected)}"
-    for i, (g, e) in enumerate(zip(got, expected)):
+
+def check_op(ipuxl_fn: Callable[..., Any], torch_fn: Callable[..., Any], inputs: Sequence[Input],
+             *, grad: bool = True, grad_inputs: Sequence[int] | None = None, dtype: Any = np.float64,
+             low: float | None = None, high: float | None = None, atol: float = 1e-7, rtol: float = 1e-7,
+             seed: int = 0) -> dict[str, Any]:
+    """Compare ``ipuxl_fn`` with ``torch_fn`` on the same inputs, forward and backward.
+
+    Args:
+        ipuxl_fn: builds the op(s) on ipuxl ``Tensor`` inputs (see :func:`run_op`).
+        torch_fn: the same computation on ``torch.Tensor`` inputs (the oracle).
+        inputs: per input, a shape (random ``dtype`` data is made) or an array.
+        grad: also compare gradients: those of every floating-point input (of
+            ``grad_inputs`` when given), for a random ``dy`` per floating-point output,
+            against ``torch.autograd.grad(torch_fn(*xs), xs, dy)``.
+        dtype, low, high: data made for shape inputs (``randn``; uniform in
+            ``[low, high)`` when a bound is given).
+        atol, rtol: tolerances of ``torch.testing.assert_close`` (dtypes must match).
+        seed: seed of the data.
+
+    Returns:
+        What :func:`run_op` returns (for extra checks).
+    """
+    arrays = _make_inputs(inputs, dtype, low, high, seed)
+    got = run_op(ipuxl_fn, arrays, grad=grad, grad_inputs=grad_inputs, seed=seed)
+
+    float_idx = [i for i, a in enumerate(arrays) if np.issubdtype(a.dtype, np.floating)]
+    wrt = list(grad_inputs) if grad_inputs is not None else float_idx
+    xs = [torch.tensor(a, requires_grad=grad and i in wrt) for i, a in enumerate(arrays)]
+    expected = as_list(torch_fn(*xs))
+
+    assert len(got["out"]) == len(expected), f"ipuxl gave {len(got['out'])} outputs, torch {len(expected)}"
+    for i, (g, e) in enumerate(zip(got["out"], expected)):
         torch.testing.assert_close(torch.from_numpy(np.asarray(g)), e.detach(), atol=atol, rtol=rtol,
                                    equal_nan=True, msg=lambda m, i=i: f"forward output {i}: {m}")
-    got_grads = [results[s] for s in grad_streams]
     if grad:
-        assert wrt, "grad=True but no floating-point input to differentiate"
-        targets = [expected[i] for i, _ in dys]
-        targets_dy = [torch.from_numpy(dy) for _, dy in dys]
-        exp_grads = torch.autograd.grad(targets, [xs[i] for i in wrt], targets_dy, allow_unused=True)
-        assert len(got_grads) == len(wrt)
-        for k, (g, e) in enumerate(zip(got_grads, exp_grads)):
-            e = torch.zeros_like(xs[wrt[k]]) if e is None else e
+        assert got["wrt"] == wrt, f"autodiff differentiated inputs {got['wrt']}, expected {wrt}"
+        targets = [expected[i] for i, _ in got["dy"]]
+        dys = [torch.from_numpy(dy) for _, dy in got["dy"]]
+        exp_grads = torch.autograd.grad(targets, [xs[i] for i in wrt], dys, allow_unused=True)
+        for i, g, e in zip(wrt, got["grad"], exp_grads):
+            e = torch.zeros_like(xs[i]) if e is None else e
             torch.testing.assert_close(torch.from_numpy(np.asarray(g)), e, atol=atol, rtol=rtol,
-                                       msg=lambda m, k=k: f"gradient of input {wrt[k]}: {m}")
-    return {"out": got, "grad": got_grads}
+                                       msg=lambda m, i=i: f"gradient of input {i}: {m}")
+    return got

@@ -1,0 +1,32 @@
+"""The README's first lines are the two commands, and its Python example runs."""
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch.testing import assert_close
+
+from conftest import ROOT
+
+
+def test_readme_starts_with_the_two_commands():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert lines[0] == "```bash"
+    assert "python examples/popxl_mnist.py" in lines[1]
+    assert "python -m pytest tests" in lines[2]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert lines[2].split("&& ")[-1] in ci
+
+
+def test_readme_example_runs_and_matches_eager():
+    code = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)[0]
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    session, w = scope["session"], scope["w"]
+    x = torch.ones(8, 4)
+    w0 = torch.from_numpy(scope["w0"]).requires_grad_(True)
+    y = F.gelu(x @ w0, approximate="tanh")
+    (grad,) = torch.autograd.grad(y.sum(), w0)
+    assert_close(torch.from_numpy(scope["y"]), y.detach())
+    assert_close(torch.from_numpy(session.get_tensor_data(w)), w0.detach() - 0.1 * grad)
