@@ -5,7 +5,7 @@ Run: ``python examples/popxl_mnist.py --data-dir ../shared/datasets``
 from __future__ import annotations
 
 import argparse
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 import numpy as np
 import torch
@@ -129,7 +129,35 @@ def test(session: ipuxl.Session, loader, input_streams, out_stream) -> float:
     return 100.0 * correct / total
 
 
-def main(argv: list[str] | None = None) -> float:
+def eager_reference(initial: dict[str, np.ndarray], train_loader, test_loader, epochs: int, lr: float) -> float:
+    """The same network, init, data order and SGD in eager PyTorch; returns its test accuracy."""
+    import torch.nn.functional as F
+
+    w = {k: torch.tensor(v, requires_grad=True) for k, v in initial.items()}
+
+    def forward(data: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(data.reshape(-1, 784) @ w["W0"] + w["b0"], approximate="tanh")
+        return F.gelu(h @ w["W1"] + w["b1"], approximate="tanh")
+
+    for _ in range(epochs):
+        for data, labels in train_loader:
+            loss = F.nll_loss(torch.log_softmax(forward(data), dim=-1), labels)
+            loss.backward()
+            with torch.no_grad():
+                for t in w.values():
+                    t -= lr * t.grad
+                    t.grad = None
+    with torch.no_grad():
+        correct = sum(int((forward(d).argmax(1) == y).sum()) for d, y in test_loader)
+    return 100.0 * correct / (len(test_loader) * test_loader.batch_size)
+
+
+class Result(NamedTuple):
+    accuracy: float
+    eager_accuracy: float | None
+
+
+def main(argv: list[str] | None = None) -> Result:
     parser = argparse.ArgumentParser(description="PopXL MNIST (seed 001) on ipuxl")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--test-batch-size", type=int, default=80)
@@ -138,6 +166,8 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--data-dir", default=None, help="folder holding MNIST/raw (default: $IPUXL_DATA or ./data)")
     parser.add_argument("--device", default="ipu_model", choices=["ipu_model", "cpu", "ipu_hw"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compare-eager", action="store_true",
+                        help="also train the same network with eager PyTorch and print both accuracies")
     opts = parser.parse_args(argv)
     np.random.seed(opts.seed)
     torch.manual_seed(opts.seed)
@@ -146,6 +176,7 @@ def main(argv: list[str] | None = None) -> float:
                                                  seed=opts.seed)
     train_ir, input_streams, loss_stream, train_params = build_train_ir(opts.batch_size, opts.lr)
     train_session = ipuxl.Session(train_ir, opts.device)
+    initial = {k: v.copy() for k, v in zip(train_params, train_session.get_tensors_data(train_params.values()).values())}
     with train_session:
         train(train_session, train_loader, opts.epochs, input_streams, loss_stream)
     trained = train_session.get_tensors_data(train_params.values())
@@ -156,7 +187,13 @@ def main(argv: list[str] | None = None) -> float:
     with test_session:
         accuracy = test(test_session, test_loader, test_streams, out_stream)
     print(f"Test accuracy: {accuracy:.2f}%")
-    return accuracy
+    eager = None
+    if opts.compare_eager:
+        train_loader, test_loader, _ = mnist_loaders(opts.batch_size, opts.test_batch_size, opts.data_dir,
+                                                     seed=opts.seed, verbose=False)
+        eager = eager_reference(initial, train_loader, test_loader, opts.epochs, opts.lr)
+        print(f"Eager PyTorch test accuracy (same seed, init and data order): {eager:.2f}%")
+    return Result(accuracy, eager)
 
 
 if __name__ == "__main__":

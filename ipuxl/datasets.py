@@ -168,7 +168,7 @@ def load_mnist(data_dir: Optional[str] = None, flatten: bool = False,
 
 def mnist_loaders(batch_size: int, test_batch_size: int, data_dir: Optional[str] = None,
                   shuffle: bool = True, drop_last: bool = True, seed: Optional[int] = None,
-                  flatten: bool = False) -> Tuple[DataLoader, DataLoader, MNISTSplit]:
+                  flatten: bool = False, verbose: bool = True) -> Tuple[DataLoader, DataLoader, MNISTSplit]:
     """Build train and test DataLoaders for MNIST.
 
     Args:
@@ -179,11 +179,12 @@ def mnist_loaders(batch_size: int, test_batch_size: int, data_dir: Optional[str]
         drop_last: Drop incomplete final batches (both loaders).
         seed: Seed for the training shuffle, for reproducible order.
         flatten: Return images as ``(N, 784)``.
+        verbose: Print the notice when the offline split is used.
 
     Returns:
         ``(train_loader, test_loader, split)``.
     """
-    split = load_mnist(data_dir, flatten=flatten)
+    split = load_mnist(data_dir, flatten=flatten, verbose=verbose)
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     train_loader = DataLoader(split.train, batch_size=batch_size, shuffle=shuffle,
                               drop_last=drop_last, generator=generator)

@@ -73,7 +73,9 @@ DATA = Path(os.environ.get("IPUXL_DATA", Path(__file__).resolve().parents[2] / "
 
 
 @pytest.mark.skipif(not (DATA / "MNIST" / "raw").exists(), reason="MNIST not available")
-def test_example_reaches_90_percent_on_the_offline_split(popxl_mnist, capsys):
-    accuracy = popxl_mnist.main(["--data-dir", str(DATA), "--epochs", "1"])
-    assert accuracy >= 90.0
-    assert "Test accuracy" in capsys.readouterr().out
+def test_example_reaches_90_percent_and_tracks_eager(popxl_mnist, capsys):
+    result = popxl_mnist.main(["--data-dir", str(DATA), "--epochs", "1", "--compare-eager"])
+    assert result.accuracy >= 90.0
+    assert abs(result.accuracy - result.eager_accuracy) <= 1.0
+    out = capsys.readouterr().out
+    assert "Test accuracy" in out and "Eager PyTorch test accuracy" in out
