@@ -55,7 +55,8 @@ def emit(
     graph = context.gcg()
     kwargs = kwargs or {}
     check_same_graph(graph, op_name, args, kwargs)
-    meta_out = _infer_meta(op_name, meta_fn or target, args, kwargs)
+    meta_args = tree_map(_to_meta, (tuple(args), dict(kwargs)))
+    meta_out = _infer_meta(op_name, meta_fn or target, args, kwargs, meta_args)
     node_args = tree_map(_to_node, tuple(args))
     node_kwargs = tree_map(_to_node, dict(kwargs))
     node = graph.fx.create_node("call_function", target, node_args, node_kwargs,
@@ -63,6 +64,8 @@ def emit(
     _record(node, op_name, meta_out, name)
     if modifies is not None:
         node.meta["ipuxl_modifies"] = _root(modifies.node)
+    else:
+        _record_view(node, meta_out, args, kwargs, meta_args)
     written = ([modifies] if modifies is not None else []) + list(writes)
     if written:
         node.meta["ipuxl_writes"] = [_root(t.node) for t in written]
@@ -88,11 +91,9 @@ def check_same_graph(graph: Graph, op_name: str, args: Any, kwargs: Any) -> None
     tree_map(check, (args, kwargs))
 
 
-def _infer_meta(op_name: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-    meta_args = tree_map(_to_meta, tuple(args))
-    meta_kwargs = tree_map(_to_meta, dict(kwargs))
+def _infer_meta(op_name: str, fn: Callable[..., Any], args: Any, kwargs: Any, meta_args: Any) -> Any:
     try:
-        return fn(*meta_args, **meta_kwargs)
+        return fn(*meta_args[0], **meta_args[1])
     except (RuntimeError, ValueError, IndexError, TypeError) as exc:
         inputs = ", ".join(describe(a) for a in _flat_tensors(args, kwargs)) or "no tensor inputs"
         raise ShapeMismatchError(
@@ -113,11 +114,39 @@ def _record(node: fx.Node, op_name: str, meta_out: Any, name: str | None) -> Non
         node.meta["ipuxl_in_sequence"] = True
 
 
+def _record_view(node: fx.Node, meta_out: Any, args: Any, kwargs: Any, meta_args: Any) -> None:
+    """Mark ``node`` as a view of the input whose storage its result shares.
+
+    torch returns views (reshape, slicing, transpose...) or the input itself
+    (``.to`` of the same dtype) where PopXL ops return new tensors; lowering
+    copies such a view when an in-place op later writes through it, so the
+    source keeps PopXL's value. Running on meta tensors tells which outputs alias.
+    """
+    inputs = [(t, m) for t, m in zip(_flat_tensors(args, kwargs), _flat_meta(meta_args))]
+    outs = [meta_out] if isinstance(meta_out, torch.Tensor) else list(meta_out) if isinstance(meta_out, (tuple, list)) else []
+    for out in outs:
+        if not isinstance(out, torch.Tensor):
+            continue
+        base = out._base if out._base is not None else out
+        for tensor, meta in inputs:
+            if base is meta or base is meta._base:
+                node.meta["ipuxl_view_of"] = tensor.node
+                return
+
+
+def _flat_meta(meta_args: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    tree_map(lambda v: found.append(v) if isinstance(v, torch.Tensor) else v, meta_args)
+    return found
+
+
 def _getitem(graph: Graph, node: fx.Node, i: int, meta: Any, name: str | None) -> Tensor:
     item = graph.fx.create_node("call_function", operator.getitem, (node, i), {},
                                 name=f"{node.name}_{i}")
     item.meta["val"] = meta
     item.meta["ipuxl_op"] = "output_of"
+    if "ipuxl_view_of" in node.meta:
+        item.meta["ipuxl_view_of"] = node.meta["ipuxl_view_of"]
     if name:
         item.meta["ipuxl_name"] = f"{name}_{i}"
     return graph.wrap(item)

@@ -10,8 +10,9 @@ import contextlib
 import functools
 import os
 import sys
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
+
+import torch
 
 from ipuxl.errors import GraphContextError
 
@@ -26,7 +27,9 @@ F = TypeVar("F", bound=Callable)
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Frames in these files are ipuxl internals or context-manager plumbing, not user code.
-_SKIP_PREFIXES = (_PACKAGE_DIR + os.sep, os.path.abspath(contextlib.__file__))
+# torch frames appear when ipuxl calls back through torch utilities (pytree maps).
+_SKIP_PREFIXES = (_PACKAGE_DIR + os.sep, os.path.abspath(contextlib.__file__),
+                  os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
 
 
 def gcg() -> "Graph":

@@ -3,12 +3,15 @@
 Used by the device to compile each graph once and by passes that trace a graph
 (autodiff). Steps:
 
-1. copy the graph's nodes in program order (in-place ops keep their position);
+1. copy the graph's nodes in program order (in-place ops keep their position),
+   copying a view (reshape, slice...) that an in-place op later writes through,
+   because PopXL's view-like ops return new tensors;
 2. replace each subgraph call by a direct call of the callee's compiled code
    (``callee_fn(graph)``, so a graph called from many sites exists once), cloning
    inputs that the callee modifies unless they are passed by reference;
 3. make every ``get_attr`` (variables, constants) an attribute of the module;
-4. add the output node returning the graph's outputs as a tuple.
+4. add the output node returning the graph's outputs as a tuple, copying outputs
+   that share storage with an input or constant (PopXL call outputs are new tensors).
 """
 from __future__ import annotations
 
@@ -55,6 +58,8 @@ class RepeatTarget(CallTarget):
 def run_repeat(body: Callable[..., tuple], count: int, n_carried: int, args: tuple) -> tuple:
     """PopXL's loop: outputs ``i < n_carried`` feed inputs ``i`` of the next iteration."""
     values = list(args)
+    if count == 0:
+        return tuple(v.clone() for v in values[:n_carried])
     for _ in range(count):
         values[:n_carried] = body(*values)
     return tuple(values[:n_carried])
@@ -79,6 +84,7 @@ def lower_graph(graph: "Graph", callee_fn: CalleeFn, attrs: dict[str, torch.Tens
     env: dict[fx.Node, fx.Node] = {}
     root = torch.nn.Module()
     attrs = dict(graph.constants, **(attrs or {}))
+    written_views = _written_views(graph)
     for node in graph.fx.nodes:
         if node.op == "get_attr":
             root.register_buffer(node.target, attrs[node.target], persistent=False)
@@ -86,10 +92,33 @@ def lower_graph(graph: "Graph", callee_fn: CalleeFn, attrs: dict[str, torch.Tens
             env[node] = _lower_call(new, node, env, callee_fn)
         else:
             env[node] = new.node_copy(node, lambda n: env[n])
+        if node in written_views:
+            env[node] = new.call_function(torch.clone, (env[node],))
     if with_output:
-        new.output(tuple(env[t.node] for t in graph.outputs))
+        outputs = []
+        for t in graph.outputs:
+            value = env[t.node]
+            if _storage_root(t.node, written_views).op in ("placeholder", "get_attr"):
+                value = new.call_function(torch.clone, (value,))
+            outputs.append(value)
+        new.output(tuple(outputs))
     gm = fx.GraphModule(root, new, class_name=f"ipuxl_{graph.name}")
     return gm
+
+
+def _written_views(graph: "Graph") -> set[fx.Node]:
+    """View nodes that an in-place op writes through (they must become copies)."""
+    return {w for n in graph.fx.nodes for w in n.meta.get("ipuxl_writes", ()) if "ipuxl_view_of" in w.meta}
+
+
+def _storage_root(node: fx.Node, copied: set[fx.Node]) -> fx.Node:
+    """The node owning ``node``'s storage, following in-place results and views."""
+    while node not in copied:
+        parent = node.meta.get("ipuxl_modifies", node.meta.get("ipuxl_view_of"))
+        if parent is None:
+            break
+        node = parent
+    return node
 
 
 def _lower_call(new: fx.Graph, node: fx.Node, env: dict, callee_fn: CalleeFn) -> fx.Node:

@@ -205,9 +205,19 @@ def _copy_body(source: fx.GraphModule, new: fx.Graph, env: dict[fx.Node, fx.Node
             continue
         copied = new.node_copy(node, lambda n: env[n])
         copied.meta["val"] = _to_meta(node.meta.get("val"))
+        if _returns_view(node.target) and copied.all_input_nodes:
+            copied.meta["ipuxl_view_of"] = copied.all_input_nodes[0]
         if node.op == "get_attr":
             constants[node.target] = getattr(source, node.target)
         env[node] = copied
+
+
+def _returns_view(target: Any) -> bool:
+    """True for aten ops whose result aliases their first input (view, t, expand...)."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    returns = target._schema.returns
+    return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
 
 
 def _to_meta(value: Any) -> Any:
@@ -235,10 +245,8 @@ def _build_grad_graph(graph: Graph, bw: fx.GraphModule, provided: list[Tensor],
     outputs = []
     for node, fwd_input in zip(bw.graph.output_node().args[0], required):
         out = env[node]
-        if out.op == "placeholder":  # a gradient that is an input unchanged: give it its own node
-            out = grad.fx.call_function(torch.clone, (out,))
-            out.meta["val"] = _to_meta(node.meta.get("val"))
-        out.meta["ipuxl_name"] = f"Gradient___{fwd_input.name}"
+        if out.op != "placeholder":  # an input passed through keeps its own name
+            out.meta["ipuxl_name"] = f"Gradient___{fwd_input.name}"
         outputs.append(grad.wrap(out))
     grad._set_outputs(outputs)
     return grad

@@ -440,9 +440,6 @@ def test_in_place_update_of_by_reference_input_reaches_parent(mode):
     assert_close(v_host, np.array([2.0, 3.0], np.float32))
 
 
-@pytest.mark.xfail(strict=True, reason="call outputs alias callee inputs: a graph returning its input "
-                                       "hands the parent's tensor back, so an in-place op on the call "
-                                       "output changes the input (ir/lower.py does not copy outputs)")
 def test_in_place_update_of_call_output_leaves_input_alone():
     ir = ipuxl.Ir()
     with ir.main_graph:
@@ -455,9 +452,6 @@ def test_in_place_update_of_call_output_leaves_input_alone():
     assert_close(session.get_tensor_data(v), np.zeros(2, np.float32))
 
 
-@pytest.mark.xfail(strict=True, reason="ops.reshape returns a torch view and builder._root only follows "
-                                       "in-place ops, so an in-place op on the reshape output also "
-                                       "writes the (unmodified in PopXL) source tensor")
 def test_in_place_update_of_reshape_output_leaves_source_alone():
     ir = ipuxl.Ir()
     with ir.main_graph:
@@ -469,9 +463,6 @@ def test_in_place_update_of_reshape_output_leaves_source_alone():
     assert_close(session.get_tensor_data(v), np.zeros((2, 2), np.float32))
 
 
-@pytest.mark.xfail(strict=True, reason="by-value subgraph inputs are cloned only when the callee writes "
-                                       "the input node itself (Graph.is_input_modified); an in-place op "
-                                       "on a view (reshape) of the input writes the parent's tensor")
 def test_in_place_update_through_view_of_by_value_input_stays_in_subgraph():
     ir = ipuxl.Ir()
     with ir.main_graph:
