@@ -324,7 +324,7 @@ def test_write_variables_data_wrong_shape_or_dtype():
         w = ipuxl.variable(np.zeros((2, 3), np.float32), name="w")
         c = ipuxl.constant(np.zeros(2, np.float32), name="c")
     session = ipuxl.Session(ir)
-    with expect(StreamInputError, ValueError, "variable 'w'", "shape (3, 2)", "shape (2, 3)"):
+    with expect(ShapeMismatchError, ValueError, "variable 'w'", "shape (3, 2)", "shape (2, 3)"):
         session.write_variables_data({w: np.zeros((3, 2), np.float32)})
     with expect(InvalidArgumentError, TypeError, "variable 'w'", "dtype int32", "is float32", "astype"):
         session.write_variable_data(w, np.zeros((2, 3), np.int32))
@@ -333,7 +333,7 @@ def test_write_variables_data_wrong_shape_or_dtype():
     with expect(InvalidArgumentError, TypeError, "is not a Variable"):
         session.write_variable_data(c, np.zeros(2, np.float32))
     with session:  # attached: same checks
-        with expect(StreamInputError, ValueError, "variable 'w'", "shape (3,)"):
+        with expect(ShapeMismatchError, ValueError, "variable 'w'", "shape (3,)"):
             session.write_variable_data(w, np.zeros(3, np.float32))
     assert (session.get_tensor_data(w) == 0).all()
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ipuxl.dtypes import DOWNCAST, dtype_name, from_any, to_numpy_dtype
-from ipuxl.errors import DetachedError, InvalidArgumentError, StreamInputError
+from ipuxl.errors import DetachedError, InvalidArgumentError, ShapeMismatchError, StreamInputError
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.ir import Ir
 from ipuxl.ir.lower import lower_graph
@@ -217,7 +217,11 @@ class Session:
             self._device_vars[self._attr(tensor)].copy_(torch.from_numpy(host))
 
     def get_tensor_data(self, tensor: Variable | Constant) -> np.ndarray:
-        """The host value of a variable (synced from the device first when attached) or constant."""
+        """The host value of a variable (synced from the device first when attached) or constant.
+
+        As in PopXL, a variable's array is the session's host buffer itself, which
+        later syncs overwrite: copy it to keep a snapshot.
+        """
         return self.get_tensors_data([tensor])[tensor]
 
     def get_tensors_data(self, tensors: Any) -> dict[Tensor, np.ndarray]:
@@ -233,23 +237,28 @@ class Session:
         self.write_variables_data({tensor: data})
 
     def write_variables_data(self, tensors: Mapping[Variable, Any]) -> None:
-        for tensor, data in tensors.items():
-            self._check_own(tensor, (Variable,), "write_variables_data")
-            array = np.asarray(data)
-            expected = to_numpy_dtype(tensor.dtype)
-            if array.dtype != expected and not (array.ndim == 0 and np.isscalar(data)):
-                raise InvalidArgumentError(
-                    f"write_variables_data: data for variable '{tensor.name}' has dtype {array.dtype}, "
-                    f"the variable is {dtype_name(tensor.dtype)}", fix=f"convert with .astype(np.{expected})")
-            if array.shape != tensor.shape:
-                raise StreamInputError(
-                    f"write_variables_data: data for variable '{tensor.name}' has shape {array.shape}, "
-                    f"the variable has shape {tensor.shape}", fix="reshape the data to the variable's shape")
-            if self._attached and not self._host_in_sync:
-                self.weights_to_host()
+        """Set several variables; all entries are checked before any is written."""
+        arrays = {tensor: self._checked_variable_data(tensor, data) for tensor, data in tensors.items()}
+        if self._attached and not self._host_in_sync:
+            self.weights_to_host()
+        for tensor, array in arrays.items():
             self._host[tensor][...] = array
             if self._attached:
                 self._device_vars[self._attr(tensor)].copy_(torch.from_numpy(self._host[tensor]))
+
+    def _checked_variable_data(self, tensor: Variable, data: Any) -> np.ndarray:
+        self._check_own(tensor, (Variable,), "write_variables_data")
+        array = np.asarray(data)
+        expected = to_numpy_dtype(tensor.dtype)
+        if array.dtype != expected and not (array.ndim == 0 and np.isscalar(data)):
+            raise InvalidArgumentError(
+                f"write_variables_data: data for variable '{tensor.name}' has dtype {array.dtype}, "
+                f"the variable is {dtype_name(tensor.dtype)}", fix=f"convert with .astype(np.{expected})")
+        if array.shape != tensor.shape:
+            raise ShapeMismatchError(
+                f"write_variables_data: data for variable '{tensor.name}' has shape {array.shape}, "
+                f"the variable has shape {tensor.shape}", fix="reshape the data to the variable's shape")
+        return array
 
     def _check_own(self, tensor: Any, kinds: tuple[type, ...], what: str) -> None:
         if not isinstance(tensor, kinds):
