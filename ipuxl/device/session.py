@@ -69,7 +69,9 @@ class Session:
         self._compiled: dict[Graph, Callable[..., tuple]] = {}
         self._program = lower_graph(ir.main_graph, self._compile_callee, self._device_vars).to(self.device)
         self._forward = self._program.forward
-        self._h2d, self._d2h = self._stream_order()
+        self._arguments = self._stream_arguments()
+        self._h2d = [s for role, s in self._arguments if role == "h2d"]
+        self._d2h = [s for role, s in self._arguments if role == "d2h"]
 
     # -- compilation ---------------------------------------------------------------
     def _compile_callee(self, graph: Graph) -> Callable[..., tuple]:
@@ -77,13 +79,10 @@ class Session:
             self._compiled[graph] = lower_graph(graph, self._compile_callee).to(self.device).forward
         return self._compiled[graph]
 
-    def _stream_order(self) -> tuple[list[HostToDeviceStream], list[DeviceToHostStream]]:
-        placeholders = [n for n in self.ir.main_graph.fx.nodes if n.op == "placeholder"]
-        h2d = [n.meta["ipuxl_stream"] for n in placeholders if n.meta.get("ipuxl_role") == "h2d"]
-        d2h = [n.meta["ipuxl_stream"] for n in placeholders if n.meta.get("ipuxl_role") == "d2h"]
-        roles = [n.meta.get("ipuxl_role") for n in placeholders]
-        assert roles == sorted(roles, key=lambda r: r != "h2d"), "h2d arguments come first"
-        return h2d, d2h
+    def _stream_arguments(self) -> list[tuple[str, HostToDeviceStream | DeviceToHostStream]]:
+        """The main program's arguments in order: ("h2d", stream) inputs and ("d2h", stream) slots."""
+        return [(n.meta["ipuxl_role"], n.meta["ipuxl_stream"]) for n in self.ir.main_graph.fx.nodes
+                if n.op == "placeholder" and n.meta.get("ipuxl_role") in ("h2d", "d2h")]
 
     @property
     def code(self) -> str:
@@ -136,13 +135,15 @@ class Session:
         """
         self._require_attached("run")
         n = self.ir.num_host_transfers
-        per_input = [self._stream_input(s, (inputs or {}).get(s), downcast_inputs) for s in self._h2d]
         self._check_keys(inputs or {})
+        loaded = {s: self._stream_input(s, (inputs or {}).get(s), downcast_inputs).reshape(n, *s.shape).unbind(0)
+                  for s in self._h2d}
         outputs = [torch.empty((n, *s.shape), dtype=s.dtype, device=self.device) for s in self._d2h]
-        steps = list(zip(*[t.reshape(n, *s.shape).unbind(0) for t, s in zip(per_input, self._h2d)],
-                         *[o.unbind(0) for o in outputs]))
+        slots = {s: o.unbind(0) for s, o in zip(self._d2h, outputs)}
+        columns = [loaded[s] if role == "h2d" else slots[s] for role, s in self._arguments]
+        steps = list(zip(*columns)) if columns else [()] * n
         forward = self._forward
-        for args in steps if steps else [()] * n:
+        for args in steps:
             forward(*args)
         self._host_in_sync = False
         return {s: self._to_host(o, s) for s, o in zip(self._d2h, outputs)}

@@ -160,14 +160,18 @@ class Tensor:
     def __lt__(self, other: Any) -> "Tensor":
         return _ops().less(self, other)
 
+    def __rpow__(self, other: Any) -> "Tensor":
+        return _ops().pow(other, self)
+
     def __le__(self, other: Any) -> "Tensor":
-        return _ops().logical_not(_ops().greater(self, other))
+        # less-or-equal (not "not greater"), so NaN compares False as in torch.
+        return _ops().logical_or(_ops().less(self, other), _ops().equal(self, other))
 
     def __gt__(self, other: Any) -> "Tensor":
         return _ops().greater(self, other)
 
     def __ge__(self, other: Any) -> "Tensor":
-        return _ops().logical_not(_ops().less(self, other))
+        return _ops().logical_or(_ops().greater(self, other), _ops().equal(self, other))
 
     def __and__(self, other: Any) -> "Tensor":
         return _ops().logical_and(self, other)

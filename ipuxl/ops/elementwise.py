@@ -41,10 +41,19 @@ def mul(lhs: Any, rhs: Any) -> Tensor:
     return _binary("mul", torch.mul, lhs, rhs)
 
 
+def _is_integral(value: Any) -> bool:
+    if isinstance(value, Tensor):
+        return not value.dtype.is_floating_point
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def div(lhs: Any, rhs: Any) -> Tensor:
-    """``lhs / rhs`` (integer tensors divide with truncation, as in PopXL)."""
-    both_int = all(isinstance(v, Tensor) and not v.dtype.is_floating_point for v in (lhs, rhs))
-    if both_int:
+    """``lhs / rhs`` (integer tensors divide with truncation, as in PopXL).
+
+    A Python ``int`` with an integer tensor is an integer operand too (PopXL makes it
+    a constant of the tensor's dtype), so ``int_tensor / 2`` truncates.
+    """
+    if _is_integral(lhs) and _is_integral(rhs):
         return emit("div", torch.div, (lhs, rhs), {"rounding_mode": "trunc"})
     return _binary("div", torch.div, lhs, rhs)
 
@@ -139,7 +148,9 @@ def where(condition: Tensor, lhs: Any, rhs: Any) -> Tensor:
 
 
 def clip(t: Tensor, min: float | None = None, max: float | None = None) -> Tensor:  # noqa: A002
-    """Clamp ``t`` to ``[min, max]``."""
+    """Clamp ``t`` to ``[min, max]``; a bound that is None is -inf / +inf (no bound)."""
+    if min is None and max is None:
+        return emit("clip", torch.clone, (t,))
     return emit("clip", torch.clamp, (t, min, max))
 
 

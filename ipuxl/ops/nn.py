@@ -57,7 +57,7 @@ def _nll(probs: torch.Tensor, labels: torch.Tensor, ignore_index: int | None,
     eps = 6.104e-5 if probs.dtype == torch.float16 else 1e-7
     loss = -picked if log_prob else -torch.log(torch.clamp(picked, min=eps))
     if valid is not None:
-        loss = loss * valid
+        loss = torch.where(valid, loss, 0.0)  # not loss * valid: an ignored -inf log-prob would give nan
     if reduction == "none":
         return loss.reshape(labels.shape)
     if reduction == "sum":

@@ -2,8 +2,11 @@
 
 As in PopXL, randomness is a pure function of a seed tensor (two 32-bit words,
 shape ``(2,)``), so a program is reproducible and the gradient of dropout reuses
-the forward mask exactly. Each op is one torch custom op (``ipuxl::*``) so that it
-is one fx node, traces with make_fx, and (for dropout) carries its own autograd rule.
+the forward mask exactly. The random draws are torch custom ops (``ipuxl::*``) so that
+they trace with make_fx as single nodes. Dropout multiplies by a seeded mask with
+ordinary aten ops, so its gradient comes from PyTorch's autograd, which also works
+under ``torch.func.vjp`` (what ``transforms.autodiff`` traces; custom ops with a
+``register_autograd`` rule do not support functorch transforms).
 """
 from __future__ import annotations
 
@@ -49,29 +52,22 @@ def _(seed, shape, mean, std, dtype):
     return torch.empty(shape, dtype=dtype, device=seed.device)
 
 
-@torch.library.custom_op("ipuxl::dropout", mutates_args=())
+@torch.library.custom_op("ipuxl::dropout_mask", mutates_args=())
+def _dropout_mask(seed: torch.Tensor, shape: list[int], p: float, dtype: torch.dtype) -> torch.Tensor:
+    keep = torch.rand(shape, generator=_generator(seed), device=seed.device) >= p
+    return keep.to(dtype) / (1.0 - p)
+
+
+@_dropout_mask.register_fake
+def _(seed, shape, p, dtype):
+    return torch.empty(shape, dtype=dtype, device=seed.device)
+
+
 def _dropout(x: torch.Tensor, seed: torch.Tensor, p: float) -> torch.Tensor:
+    """``x * keep / (1 - p)``; the mask depends on the seed only, so the gradient is ``dy * mask``."""
     if p == 0.0:
         return x.clone()
-    keep = torch.rand(x.shape, generator=_generator(seed), device=x.device) >= p
-    return x * keep.to(x.dtype) / (1.0 - p)
-
-
-@_dropout.register_fake
-def _(x, seed, p):
-    return torch.empty_like(x)
-
-
-def _dropout_setup(ctx, inputs, output) -> None:
-    _, ctx.seed, ctx.p = inputs
-
-
-def _dropout_backward(ctx, grad):
-    # Dropout is linear for a fixed mask; the same seed regenerates the same mask.
-    return _dropout(grad, ctx.seed, ctx.p), None, None
-
-
-_dropout.register_autograd(_dropout_backward, setup_context=_dropout_setup)
+    return x * torch.ops.ipuxl.dropout_mask(seed, list(x.shape), p, x.dtype)
 
 
 @torch.library.custom_op("ipuxl::modify_seed", mutates_args=())
@@ -97,7 +93,7 @@ def _check_seed(seed: Tensor) -> None:
 def dropout(t: Tensor, seed_tensor: Tensor, p: float) -> Tensor:
     """Zero each element with probability ``p`` and scale the rest by ``1/(1-p)``."""
     _check_seed(seed_tensor)
-    return emit("dropout", torch.ops.ipuxl.dropout, (t, seed_tensor, float(p)))
+    return emit("dropout", _dropout, (t, seed_tensor, float(p)))
 
 
 def random_uniform(seed_tensor: Tensor, shape: tuple[int, ...], low: float = 0.0, high: float = 1.0,

@@ -48,7 +48,7 @@ def prod(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
 
 
 def _prod(t: torch.Tensor, dims: list[int], keepdim: bool) -> torch.Tensor:
-    for d in sorted(dims, reverse=True):
+    for d in sorted((d % t.dim() for d in dims), reverse=True):
         t = torch.prod(t, d, keepdim=keepdim)
     return t
 

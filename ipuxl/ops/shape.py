@@ -105,23 +105,37 @@ def squeeze(t: Tensor, axes: list[int] | None = None) -> Tensor:
 
 
 def unsqueeze(t: Tensor, axes: int | list[int]) -> Tensor:
-    """Insert size-1 dimensions at ``axes`` (positions in the output)."""
+    """Insert size-1 dimensions at ``axes``.
+
+    As in ONNX/PopXL, ``axes`` are positions in the output; a negative axis counts
+    from the back of the output (rank ``t.rank + len(axes)``).
+    """
+    axes = [axes] if isinstance(axes, int) else list(axes)
+    rank = t.rank + len(axes)
+    bad = [a for a in axes if not -rank <= a < rank]
+    if bad or len({a % rank for a in axes}) != len(axes):
+        raise ShapeMismatchError(f"op 'unsqueeze' of '{t.name}' {t.shape}: invalid or repeated axes {axes}",
+                                 where=user_source_line(), fix=f"give distinct axes in [{-rank}, {rank - 1}]")
     shape = list(t.shape)
-    for a in sorted([axes] if isinstance(axes, int) else axes):
-        shape.insert(a if a >= 0 else len(shape) + a + 1, 1)
+    for a in sorted(a % rank for a in axes):
+        shape.insert(a, 1)
     return emit("unsqueeze", torch.reshape, (t, tuple(shape)))
 
 
 def gather(t: Tensor, indices: Tensor, axis: int = 0, available_memory_proportion: float | None = None,
            zero_OOR: bool = False) -> Tensor:  # noqa: N803
     """``numpy.take(t, indices, axis)``; with ``zero_OOR`` out-of-range indices give 0."""
+    axis = axis + t.rank if -t.rank <= axis < 0 else axis
     if zero_OOR:
         return emit("gather", _gather_zero_oor, (t, indices, axis))
     return emit("gather", _take, (t, indices, axis))
 
 
 def _take(t: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor:
-    flat = torch.index_select(t, axis, indices.reshape(-1).long())
+    # numpy.take: negative indices count from the end (index_select rejects them).
+    indices = indices.long()
+    indices = torch.where(indices < 0, indices + t.shape[axis], indices)
+    flat = torch.index_select(t, axis, indices.reshape(-1))
     return flat.reshape(t.shape[:axis] + indices.shape + t.shape[axis + 1:])
 
 

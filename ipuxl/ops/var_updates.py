@@ -3,7 +3,7 @@
 Every ``*_`` op writes into its first argument and returns it. Factors may be Python
 numbers (baked into the program) or scalar tensors (changeable at run time). As in
 PopXL, ``t`` and ``X`` must have one shape (no broadcasting); ``X`` may have another
-dtype and is converted to ``t``'s.
+dtype and is converted to ``t``'s before any arithmetic.
 """
 from __future__ import annotations
 
@@ -32,24 +32,29 @@ def _is_number(value: Any) -> bool:
 
 
 def _accumulate(t: torch.Tensor, x: torch.Tensor, f: Any) -> torch.Tensor:
+    x = x.to(t.dtype)
     return t.add_(x) if f is None else t.add_(x, alpha=f) if _is_number(f) else t.add_(x * f)
 
 
 def _accumulate_square(t: torch.Tensor, x: torch.Tensor, f: Any) -> torch.Tensor:
+    x = x.to(t.dtype)
     return t.addcmul_(x, x, value=f) if _is_number(f) else t.add_(x * x * f)
 
 
 def _moving_average(t: torch.Tensor, x: torch.Tensor, f: Any) -> torch.Tensor:
+    x = x.to(t.dtype)
     t.mul_(f)
     return t.add_(x, alpha=1 - f) if _is_number(f) else t.add_(x * (1 - f))
 
 
 def _moving_average_square(t: torch.Tensor, x: torch.Tensor, f: Any) -> torch.Tensor:
+    x = x.to(t.dtype)
     t.mul_(f)
     return t.addcmul_(x, x, value=1 - f) if _is_number(f) else t.add_(x * x * (1 - f))
 
 
 def _mean(t: torch.Tensor, x: torch.Tensor, step: Any) -> torch.Tensor:
+    x = x.to(t.dtype)
     t.mul_(step / (step + 1))
     return t.add_(x / (step + 1))
 
@@ -59,6 +64,7 @@ def _scale(t: torch.Tensor, f: Any) -> torch.Tensor:
 
 
 def _sparse_accumulate(t: torch.Tensor, x: torch.Tensor, indices: torch.Tensor, axis: int, f: Any) -> torch.Tensor:
+    x = x.to(t.dtype)
     return t.index_add_(axis, indices.long(), x if f is None else x * f)
 
 

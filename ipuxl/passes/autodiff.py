@@ -92,12 +92,16 @@ def _trace_joint(graph: Graph, provided: list[Tensor], required: list[Tensor]) -
     forward = graph_callable(graph)
     outs_idx = [_index(graph.outputs, t) for t in provided]
     req_idx = [_index(graph.inputs, t) for t in required]
+    # Inputs the graph updates in place are copied, as a by-value call does.
+    modified = [i for i, t in enumerate(graph.inputs) if graph.is_input_modified(t)]
 
     def joint(primals: list[torch.Tensor], tangents: list[torch.Tensor]) -> tuple:
         def f(*req: torch.Tensor) -> tuple:
             args = list(primals)
             for i, r in zip(req_idx, req):
                 args[i] = r
+            for i in modified:
+                args[i] = args[i].clone()
             outs = forward(*args)
             return tuple(outs[j] for j in outs_idx), tuple(outs)
 
