@@ -20,6 +20,7 @@ Before timing, each network is checked: after a few steps both give the same
 weights (rtol/atol 1e-4). A timing runs ``--steps`` steps (rounded up to whole
 calls); after one warm-up timing, ipuxl and eager timings alternate ``--repeats``
 times and the median is reported. GELU is the tanh approximation in both.
+On a small or shared machine, ``--threads 1`` gives far steadier numbers.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ import torch.nn.functional as F
 import ipuxl
 import ipuxl.ops as ops
 import ipuxl.transforms as transforms
+from ipuxl.device.session import device_for
 
 NETWORKS = {"mnist": ([784, 32, 10], True), "mlp512": ([784, 512, 512, 512, 10], False)}
 LR = 0.05
@@ -166,12 +168,9 @@ class EagerTrainer:
 def make_data(n: int, batch: int, calls: int, device: torch.device, seed: int = 1):
     """``calls`` pre-generated (images, int32 labels, int64 labels), each (n, batch, ...)."""
     g = torch.Generator().manual_seed(seed)
-    data = []
-    for _ in range(calls):
-        x = torch.randn(n, batch, 28, 28, generator=g).to(device)
-        y = torch.randint(0, 10, (n, batch), generator=g).to(device)
-        data.append((x, y.int(), y))
-    return data
+    data = [(torch.randn(n, batch, 28, 28, generator=g), torch.randint(0, 10, (n, batch), generator=g))
+            for _ in range(calls)]
+    return [(x.to(device), y.int().to(device), y.to(device)) for x, y in data]
 
 
 def verify(name, device_type, device, steps=3, batch=8) -> None:
@@ -225,7 +224,7 @@ def main(argv: list[str] | None = None) -> list[tuple]:
         opts.repeats, opts.steps = 2, 10
     if opts.threads:
         torch.set_num_threads(opts.threads)
-    device = ipuxl.device.session.device_for(opts.device)
+    device = device_for(opts.device)
     print(f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}, "
           f"repeats {opts.repeats}, steps/timing {opts.steps}")
     start = time.perf_counter()
