@@ -1,7 +1,9 @@
 """``Session``: compile an IR once, own its variables, run the main program.
 
-Compilation lowers every graph once to fx-generated Python (``ir.lower``); a graph
-called from many sites is one function. The per-step path is a loop of direct calls
+Compilation lowers every graph once to fx-generated Python (``ir.lower``): a graph
+called from many sites is one function, a graph with a single call site is inlined
+into its caller, and a matmul gradient feeding an in-place update becomes one fused
+``addmm_`` (``device.fuse``). The per-step path is a loop of direct calls
 of the main program's generated ``forward`` over pre-sliced stream buffers:
 ``num_host_transfers`` steps per ``run``, no Python between ops.
 
@@ -11,6 +13,7 @@ host -> device on entry and device -> host on exit, as PopXL's Session does.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Callable, Literal, Mapping
 
 import numpy as np
@@ -20,7 +23,8 @@ from ipuxl.dtypes import DOWNCAST, dtype_name, from_any, to_numpy_dtype
 from ipuxl.errors import DetachedError, InvalidArgumentError, ShapeMismatchError, StreamInputError
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.ir import Ir
-from ipuxl.ir.lower import lower_graph
+from ipuxl.device.fuse import fuse_matmul_updates
+from ipuxl.ir.lower import CallTarget, lower_graph
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream
 from ipuxl.ir.tensor import Constant, Tensor, Variable
 
@@ -67,16 +71,24 @@ class Session:
         self._host = {r.tensor: np.array(r.data, copy=True) for r in records.values()}
         self._device_vars = {attr: self._to_device(r.data, r.tensor.dtype) for attr, r in records.items()}
         self._compiled: dict[Graph, Callable[..., tuple]] = {}
-        self._program = lower_graph(ir.main_graph, self._compile_callee, self._device_vars).to(self.device)
+        self._call_sites = _count_call_sites(ir)
+        self._program = self._compile(ir.main_graph, self._device_vars)
         self._forward = self._program.forward
         self._arguments = self._stream_arguments()
         self._h2d = [s for role, s in self._arguments if role == "h2d"]
         self._d2h = [s for role, s in self._arguments if role == "d2h"]
 
     # -- compilation ---------------------------------------------------------------
+    def _compile(self, graph: Graph, attrs: dict[str, torch.Tensor] | None = None) -> torch.fx.GraphModule:
+        """Lower ``graph``, inlining graphs with one call site, then fuse gradient updates."""
+        module = lower_graph(graph, self._compile_callee, attrs, inline=lambda g: self._call_sites[g] == 1)
+        if fuse_matmul_updates(module.graph):
+            module.recompile()
+        return module.to(self.device)
+
     def _compile_callee(self, graph: Graph) -> Callable[..., tuple]:
         if graph not in self._compiled:
-            self._compiled[graph] = lower_graph(graph, self._compile_callee).to(self.device).forward
+            self._compiled[graph] = self._compile(graph).forward
         return self._compiled[graph]
 
     def _stream_arguments(self) -> list[tuple[str, HostToDeviceStream | DeviceToHostStream]]:
@@ -270,6 +282,12 @@ class Session:
             raise InvalidArgumentError(
                 f"{what}: tensor '{tensor.name}' belongs to another Ir than this session's",
                 fix="copy values between IRs with session_a.get_tensors_data + session_b.write_variables_data")
+
+
+def _count_call_sites(ir: Ir) -> Counter[Graph]:
+    """How many call/repeat nodes of the whole IR call each graph."""
+    return Counter(node.target.graph for graph in ir.graphs for node in graph.fx.nodes
+                   if isinstance(node.target, CallTarget))
 
 
 def _constant_value(tensor: Constant) -> np.ndarray:

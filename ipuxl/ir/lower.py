@@ -8,13 +8,16 @@ Used by the device to compile each graph once and by passes that trace a graph
    because PopXL's view-like ops return new tensors;
 2. replace each subgraph call by a direct call of the callee's compiled code
    (``callee_fn(graph)``, so a graph called from many sites exists once), cloning
-   inputs that the callee modifies unless they are passed by reference;
+   inputs that the callee modifies unless they are passed by reference; a graph
+   the caller asks to ``inline`` (the device: graphs with one call site) is copied
+   in place of its call instead, with the same input and output copying rules;
 3. make every ``get_attr`` (variables, constants) an attribute of the module;
 4. add the output node returning the graph's outputs as a tuple, copying outputs
    that share storage with an input or constant (PopXL call outputs are new tensors).
 """
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -78,32 +81,67 @@ def graph_callable(graph: "Graph") -> Callable[..., tuple]:
 
 
 def lower_graph(graph: "Graph", callee_fn: CalleeFn, attrs: dict[str, torch.Tensor] | None = None,
-                *, with_output: bool = True) -> fx.GraphModule:
-    """Build a GraphModule for ``graph`` (see the module docstring for the steps)."""
+                *, inline: Callable[["Graph"], bool] | None = None) -> fx.GraphModule:
+    """Build a GraphModule for ``graph`` (see the module docstring for the steps).
+
+    Args:
+        graph: the graph to lower.
+        callee_fn: compiled code of a called graph (shared by all its call sites).
+        attrs: tensors for ``get_attr`` nodes beyond the graph's constants (variables).
+        inline: graphs for which this returns True are copied into the caller instead
+            of called (the device inlines graphs with a single call site).
+    """
     new = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
     root = torch.nn.Module()
-    attrs = dict(graph.constants, **(attrs or {}))
+    values = dict(graph.constants, **(attrs or {}))
+    outputs = _copy_graph(new, root, graph, {}, values, callee_fn, inline, prefix="")
+    new.output(tuple(outputs))
+    return fx.GraphModule(root, new, class_name=f"ipuxl_{graph.name}")
+
+
+def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[fx.Node, fx.Node],
+                values: dict[str, torch.Tensor], callee_fn: CalleeFn, inline: Callable[["Graph"], bool] | None,
+                prefix: str) -> list[fx.Node]:
+    """Copy ``graph``'s nodes into ``new`` (inputs already bound in ``env``); return its outputs."""
     written_views = _written_views(graph)
+    inlined: dict[fx.Node, list[fx.Node]] = {}
     for node in graph.fx.nodes:
+        if node in env:  # an input bound by the caller of an inlined graph
+            continue
         if node.op == "get_attr":
-            root.register_buffer(node.target, attrs[node.target], persistent=False)
-        if isinstance(node.target, CallTarget):
+            name = prefix + node.target
+            if not hasattr(root, name):
+                root.register_buffer(name, values[node.target], persistent=False)
+            env[node] = new.get_attr(name)
+            env[node].meta.update(node.meta)
+        elif node.target is operator.getitem and node.args[0] in inlined:
+            env[node] = inlined[node.args[0]][node.args[1]]
+            continue
+        elif _inlinable(node, inline):
+            callee = node.target.graph
+            bound = dict(zip((t.node for t in callee.inputs), _call_args(new, node, env)))
+            inlined[node] = _copy_graph(new, root, callee, bound, dict(callee.constants), callee_fn, inline,
+                                        prefix=f"{prefix}{callee.name}__")
+            continue
+        elif isinstance(node.target, CallTarget):
             env[node] = _lower_call(new, node, env, callee_fn)
         else:
             env[node] = new.node_copy(node, lambda n: env[n])
         if node in written_views:
             env[node] = new.call_function(torch.clone, (env[node],))
-    if with_output:
-        outputs = []
-        for t in graph.outputs:
-            value = env[t.node]
-            if _storage_root(t.node, written_views).op in ("placeholder", "get_attr"):
-                value = new.call_function(torch.clone, (value,))
-            outputs.append(value)
-        new.output(tuple(outputs))
-    gm = fx.GraphModule(root, new, class_name=f"ipuxl_{graph.name}")
-    return gm
+    outputs = []
+    for t in graph.outputs:
+        value = env[t.node]
+        if _storage_root(t.node, written_views).op in ("placeholder", "get_attr"):
+            value = new.call_function(torch.clone, (value,))
+        outputs.append(value)
+    return outputs
+
+
+def _inlinable(node: fx.Node, inline: Callable[["Graph"], bool] | None) -> bool:
+    target = node.target
+    return (inline is not None and isinstance(target, CallTarget) and not isinstance(target, RepeatTarget)
+            and inline(target.graph))
 
 
 def _written_views(graph: "Graph") -> set[fx.Node]:
@@ -121,14 +159,21 @@ def _storage_root(node: fx.Node, copied: set[fx.Node]) -> fx.Node:
     return node
 
 
-def _lower_call(new: fx.Graph, node: fx.Node, env: dict, callee_fn: CalleeFn) -> fx.Node:
-    target: CallTarget = node.target  # type: ignore[assignment]
-    callee = target.graph
+def _call_args(new: fx.Graph, node: fx.Node, env: dict) -> list[fx.Node]:
+    """A call's arguments, copying inputs the callee modifies unless passed by reference."""
+    callee = node.target.graph
     args = [env[a] for a in node.args]
     by_ref = node.meta.get("ipuxl_by_ref_args", set())
     for i, placeholder in enumerate(callee.inputs):
         if i not in by_ref and callee.is_input_modified(placeholder):
             args[i] = new.call_function(torch.clone, (args[i],))
+    return args
+
+
+def _lower_call(new: fx.Graph, node: fx.Node, env: dict, callee_fn: CalleeFn) -> fx.Node:
+    target: CallTarget = node.target  # type: ignore[assignment]
+    callee = target.graph
+    args = _call_args(new, node, env)
     fn = callee_fn(callee)
     if isinstance(target, RepeatTarget):
         fn = _named(_repeat_fn(fn, target.count, len(callee.outputs)), target.__name__)
