@@ -349,3 +349,17 @@ def test_tensors_of_another_ir_are_rejected_by_session():
         session_b.get_tensor_data(w_a)
     with expect(InvalidArgumentError, TypeError, "another Ir", "write_variables_data"):
         session_b.write_variable_data(w_a, np.zeros(2, np.float32))
+
+
+# -- run-time failures inside the program -----------------------------------------------
+def test_failure_inside_the_program_names_the_step():
+    ir = ipuxl.Ir()
+    ir.num_host_transfers = 2
+    with ir.main_graph:
+        index_stream = ipuxl.h2d_stream((3,), ipuxl.int32, "idx")
+        table = ipuxl.variable(np.ones((4, 2), np.float32), name="table")
+        rows = ops.gather(table, ops.host_load(index_stream))
+        ops.host_store(ipuxl.d2h_stream(rows.shape, rows.dtype, "rows"), rows)
+    with ipuxl.Session(ir) as session:
+        with expect(DeviceError, RuntimeError, "failed in step 2 of 2", "index out of range", "indices in range"):
+            session.run({index_stream: np.array([[0, 1, 2], [0, 1, 9]], np.int32)})

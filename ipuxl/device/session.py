@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ipuxl.dtypes import DOWNCAST, dtype_name, from_any, to_numpy_dtype
-from ipuxl.errors import DetachedError, InvalidArgumentError, ShapeMismatchError, StreamInputError
+from ipuxl.errors import DetachedError, DeviceError, InvalidArgumentError, ShapeMismatchError, StreamInputError
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.ir import Ir
 from ipuxl.device.fuse import fuse_matmul_updates
@@ -155,8 +155,15 @@ class Session:
         columns = [loaded[s] if role == "h2d" else slots[s] for role, s in self._arguments]
         steps = list(zip(*columns)) if columns else [()] * n
         forward = self._forward
-        for args in steps:
-            forward(*args)
+        step = 0
+        try:
+            for step, args in enumerate(steps):
+                forward(*args)
+        except (RuntimeError, IndexError, ValueError) as exc:
+            raise DeviceError(
+                f"the device program failed in step {step + 1} of {n}: {str(exc).splitlines()[0]}",
+                where=f"main program of {self.ir!r} (see session.code)",
+                fix="check the data fed to the program (e.g. label or gather indices in range)") from exc
         self._host_in_sync = False
         return {s: self._to_host(o, s) for s, o in zip(self._d2h, outputs)}
 

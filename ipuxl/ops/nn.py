@@ -77,15 +77,20 @@ def _nll_softmax_grad(probs: torch.Tensor, labels: torch.Tensor, loss_grad: obje
                       ignore_index: int | None, reduction: str) -> tuple[torch.Tensor, torch.Tensor]:
     loss = _nll(probs, labels, ignore_index, reduction, False)
     classes = probs.shape[-1]
-    flat_l = labels.reshape(-1).long()
-    valid = flat_l != ignore_index if ignore_index is not None else None
-    safe = torch.where(valid, flat_l, 0) if valid is not None else flat_l
-    grad = probs.reshape(-1, classes) - F.one_hot(safe, classes).to(probs.dtype)
+    flat_p = probs.reshape(-1, classes)
+    index = labels.reshape(-1, 1).long()
+    valid = index != ignore_index if ignore_index is not None else None
     if valid is not None:
-        grad = grad * valid.unsqueeze(1).to(probs.dtype)
-    grad = grad * loss_grad
+        index = torch.where(valid, index, 0)
+    # probs - onehot(labels), without one_hot (which syncs the device to find the class count).
+    grad = flat_p.scatter(1, index, flat_p.gather(1, index) - 1)
+    if valid is not None:
+        grad = torch.where(valid, grad, 0.0)
+    scale = loss_grad
     if reduction == "mean":
-        grad = grad / (valid.sum() if valid is not None else flat_l.numel())
+        scale = scale / (valid.sum() if valid is not None else index.numel())
+    if not (isinstance(scale, (int, float)) and scale == 1):
+        grad = grad * scale
     return loss, grad.reshape(probs.shape)
 
 
