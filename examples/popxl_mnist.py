@@ -74,16 +74,21 @@ def update_weights_bias(lr: float, grads, params) -> None:
         ops.scaled_add_(v, grads[k], b=-lr)
 
 
+def load_batch(batch_size: int):
+    """Host-to-device streams for a batch of images and labels, and the loaded tensors."""
+    img_stream = ipuxl.h2d_stream([batch_size, 28, 28], ipuxl.float32, name="input_stream")
+    x = ops.host_load(img_stream, "x")
+    label_stream = ipuxl.h2d_stream([batch_size], ipuxl.int32, name="label_stream")
+    labels = ops.host_load(label_stream, "labels")
+    return (img_stream, label_stream), x, labels
+
+
 def build_train_ir(batch_size: int, lr: float):
     ir = ipuxl.Ir()
     ir.num_host_transfers = 1
     ir.replication_factor = 1
     with ir.main_graph, ipuxl.in_sequence():
-        img_stream = ipuxl.h2d_stream([batch_size, 28, 28], ipuxl.float32, name="input_stream")
-        x = ops.host_load(img_stream, "x")
-        label_stream = ipuxl.h2d_stream([batch_size], ipuxl.int32, name="label_stream")
-        labels = ops.host_load(label_stream, "labels")
-
+        input_streams, x, labels = load_batch(batch_size)
         outputs, params, linears, fwd_call_infos = create_network_fwd_graph(ir, x)
         probs = ops.softmax(outputs[1], axis=-1)
         loss, dy = ops.nll_loss_with_softmax_grad(probs, labels)
@@ -92,21 +97,18 @@ def build_train_ir(batch_size: int, lr: float):
 
         loss_stream = ipuxl.d2h_stream(loss.shape, loss.dtype, name="loss_stream")
         ops.host_store(loss_stream, loss)
-    return ir, (img_stream, label_stream), loss_stream, params
+    return ir, input_streams, loss_stream, params
 
 
 def build_test_ir(batch_size: int):
     ir = ipuxl.Ir()
     with ir.main_graph, ipuxl.in_sequence():
-        img_stream = ipuxl.h2d_stream([batch_size, 28, 28], ipuxl.float32, name="input_stream")
-        x = ops.host_load(img_stream, "x")
-        label_stream = ipuxl.h2d_stream([batch_size], ipuxl.int32, name="label_stream")
-        labels = ops.host_load(label_stream, "labels")
+        input_streams, x, labels = load_batch(batch_size)
         outputs, params, _, _ = create_network_fwd_graph(ir, x)
         correct = ops.sum(ops.cast(ops.equal(ops.argmax(outputs[1], dim=1), labels), ipuxl.int32))
         out_stream = ipuxl.d2h_stream(correct.shape, correct.dtype, name="correct_stream")
         ops.host_store(out_stream, correct)
-    return ir, (img_stream, label_stream), out_stream, params
+    return ir, input_streams, out_stream, params
 
 
 def train(session: ipuxl.Session, loader, epochs: int, input_streams, loss_stream) -> None:

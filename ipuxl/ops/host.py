@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ipuxl.capture.builder import check_same_graph, emit
+from ipuxl.dtypes import dtype_name
 from ipuxl.errors import GraphContextError, InvalidArgumentError, ShapeMismatchError
 from ipuxl.ir import context
 from ipuxl.ir.graph import Graph, describe
@@ -70,7 +71,7 @@ def host_store(d2h_stream: DeviceToHostStream, t: Tensor) -> None:
     if t.spec != d2h_stream.spec:
         raise ShapeMismatchError(
             f"host_store: stream '{d2h_stream.name}' carries {d2h_stream.shape} "
-            f"{str(d2h_stream.dtype).replace('torch.', '')}, got tensor {describe(t)}",
+            f"{dtype_name(d2h_stream.dtype)}, got tensor {describe(t)}",
             where=context.user_source_line(),
             fix="create the stream with the tensor's spec: ipuxl.d2h_stream(t.shape, t.dtype)")
     if d2h_stream in _streams_in(graph, "d2h"):
