@@ -76,6 +76,8 @@ class Session:
         self._forward = self._program.forward
         self._arguments = self._stream_arguments()
         self._h2d = [s for role, s in self._arguments if role == "h2d"]
+        self._written_inputs = {w.meta["ipuxl_stream"] for n in ir.main_graph.fx.nodes
+                                for w in n.meta.get("ipuxl_writes", ()) if w.meta.get("ipuxl_role") == "h2d"}
         self._d2h = [s for role, s in self._arguments if role == "d2h"]
 
     # -- compilation ---------------------------------------------------------------
@@ -191,11 +193,17 @@ class Session:
             raise StreamInputError(
                 f"Session.run: no data for input stream '{stream.name}'",
                 fix=f"pass {{stream: array}} for every loaded stream: {[s.name for s in self._h2d]}")
-        # numpy data is copied here (np.array keeps 0-d shapes, unlike np.ascontiguousarray); torch
-        # data is copied by ``.to`` below: the program may update a loaded tensor in place, and that
-        # must never write the caller's data.
-        owned = not isinstance(data, torch.Tensor)
-        tensor = torch.from_numpy(np.array(data, order="C")) if owned else data.detach()
+        # The program may update a loaded tensor in place; that must never write the
+        # caller's data, so such streams (only those) get a private copy.
+        private = stream in self._written_inputs
+        if isinstance(data, torch.Tensor):
+            tensor = data.detach()
+        else:
+            array = np.asarray(data)
+            if private or not (array.flags.c_contiguous and array.flags.writeable):
+                array = np.array(array, order="C")
+                private = False
+            tensor = torch.from_numpy(array)
         expected = self._full_shape(stream.shape)
         if tuple(tensor.shape) != expected:
             n = self.ir.num_host_transfers
@@ -209,7 +217,7 @@ class Session:
                     f"Session.run: input stream '{stream.name}' expects dtype {dtype_name(stream.dtype)}, "
                     f"got {dtype_name(tensor.dtype)}",
                     fix=f"convert the data, e.g. array.astype(np.{to_numpy_dtype(stream.dtype)})")
-        return tensor.to(self.device, stream.dtype, copy=not owned)
+        return tensor.to(self.device, stream.dtype, copy=private)
 
     def _to_host(self, tensor: torch.Tensor, stream: DeviceToHostStream) -> np.ndarray:
         array = tensor.detach().to("cpu", torch.float32 if tensor.dtype == torch.bfloat16 else tensor.dtype).numpy()
