@@ -26,13 +26,15 @@ class Graph:
 
     Attributes:
         ir: the IR that owns the graph.
-        name: unique name within the IR.
+        name: unique name within the IR (``Linear_subgraph(0)``, as PopXL names them).
+        base_name: the name it was created from (``Linear``).
         fx: the underlying ``torch.fx.Graph`` (ops in program order).
     """
 
-    def __init__(self, ir: "Ir", name: str):
+    def __init__(self, ir: "Ir", name: str, base_name: str | None = None):
         self.ir = ir
         self.name = name
+        self.base_name = base_name or name
         self.fx = fx.Graph()
         self._inputs: list[Tensor] = []
         self._outputs: list[Tensor] = []

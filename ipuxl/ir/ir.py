@@ -44,10 +44,11 @@ class Ir:
         self.replication_factor = replication
         self.num_host_transfers = 1
         self.graphs: list[Graph] = []
-        self._graph_names: set[str] = set()
+        self._subgraph_count = 0
         self._streams: list[_Stream] = []
         self._variables: dict[str, VariableRecord] = {}
-        self.main_graph = self._new_graph("main")
+        self.main_graph = Graph(self, "main_graph")
+        self.graphs.append(self.main_graph)
 
     # -- settings -------------------------------------------------------------------
     @property
@@ -93,7 +94,9 @@ class Ir:
         return self._new_graph(name or "graph")
 
     def _new_graph(self, name: str) -> Graph:
-        graph = Graph(self, self._unique(self._graph_names, _identifier(name)))
+        """A new subgraph, named as PopXL does: ``{name}_subgraph({k})``, k counting per IR."""
+        graph = Graph(self, f"{_identifier(name)}_subgraph({self._subgraph_count})", base_name=_identifier(name))
+        self._subgraph_count += 1
         self.graphs.append(graph)
         return graph
 

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 import torch.fx as fx
 
+from ipuxl.ir.graph import _identifier
+
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
 
@@ -40,7 +42,7 @@ class CallTarget:
 
     def __init__(self, graph: "Graph"):
         self.graph = graph
-        self.__name__ = f"call_{graph.name}"
+        self.__name__ = _identifier(f"call_{graph.name}")
 
     def __call__(self, *args: Any) -> tuple:
         return graph_callable(self.graph)(*args)
@@ -52,7 +54,7 @@ class RepeatTarget(CallTarget):
     def __init__(self, graph: "Graph", count: int):
         super().__init__(graph)
         self.count = count
-        self.__name__ = f"repeat_{graph.name}"
+        self.__name__ = _identifier(f"repeat_{graph.name}")
 
     def __call__(self, *args: Any) -> tuple:
         return run_repeat(graph_callable(self.graph), self.count, len(self.graph.outputs), args)
@@ -96,7 +98,7 @@ def lower_graph(graph: "Graph", callee_fn: CalleeFn, attrs: dict[str, torch.Tens
     values = dict(graph.constants, **(attrs or {}))
     outputs = _copy_graph(new, root, graph, {}, values, callee_fn, inline, prefix="")
     new.output(tuple(outputs))
-    return fx.GraphModule(root, new, class_name=f"ipuxl_{graph.name}")
+    return fx.GraphModule(root, new, class_name=_identifier(f"ipuxl_{graph.name}"))
 
 
 def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[fx.Node, fx.Node],
@@ -121,7 +123,7 @@ def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[
             callee = node.target.graph
             bound = dict(zip((t.node for t in callee.inputs), _call_args(new, node, env)))
             inlined[node] = _copy_graph(new, root, callee, bound, dict(callee.constants), callee_fn, inline,
-                                        prefix=f"{prefix}{callee.name}__")
+                                        prefix=f"{prefix}{_identifier(callee.name)}__")
             continue
         elif isinstance(node.target, CallTarget):
             env[node] = _lower_call(new, node, env, callee_fn)

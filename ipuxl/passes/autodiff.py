@@ -235,7 +235,7 @@ def _to_meta(value: Any) -> Any:
 # -- step 5: grad graph -------------------------------------------------------------------------------
 def _build_grad_graph(graph: Graph, bw: fx.GraphModule, provided: list[Tensor],
                       saved: list[tuple[str, Tensor]], required: list[Tensor]) -> Graph:
-    grad = graph.ir._new_graph(f"{graph.name}_grad")
+    grad = graph.ir._new_graph(f"{graph.base_name}_grad")
     placeholders = {n.name: n for n in bw.graph.nodes if n.op == "placeholder"}
     env: dict[fx.Node, fx.Node] = {}
     for k, t in enumerate(provided, start=1):
