@@ -13,6 +13,7 @@ __all__ = [
     "GraphContextError",
     "ShapeMismatchError",
     "InvalidArgumentError",
+    "NameConflictError",
     "PassError",
     "AutodiffError",
     "DeviceError",
@@ -50,6 +51,10 @@ class ShapeMismatchError(CaptureError, ValueError):
 
 class InvalidArgumentError(CaptureError, TypeError):
     """An argument has a type that the API cannot accept."""
+
+
+class NameConflictError(CaptureError, ValueError):
+    """A name is used twice where names must be unique (variable inputs, tree keys)."""
 
 
 # -- passes -----------------------------------------------------------------------

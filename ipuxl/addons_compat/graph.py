@@ -1,0 +1,139 @@
+"""``GraphWithNamedArgs`` (a graph and its named inputs) and ``BoundGraph`` (a graph
+with some inputs bound to tensors), as in popxl.addons.
+
+Several ``BoundGraph``s can share one graph: each call is an ``ops.call`` of the
+same graph with other tensors, so the graph's code exists once.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from ipuxl.addons_compat.named_tensors import NamedTensors, TensorMap
+from ipuxl.errors import InvalidArgumentError
+from ipuxl.ir import context
+from ipuxl.ir.graph import Graph
+from ipuxl.ir.printer import format_schedule
+from ipuxl.ir.tensor import Constant, Tensor, Variable
+from ipuxl.ops.call import CallSiteInfo, call_with_info
+from ipuxl.transforms import GradGraphInfo
+
+if TYPE_CHECKING:
+    from ipuxl.addons_compat.module import Module
+
+__all__ = ["GraphWithNamedArgs", "BoundGraph"]
+
+
+class BoundGraph:
+    """A graph plus tensors bound to some of its inputs (``{graph input: tensor}``)."""
+
+    def __init__(self, graph: Graph, args: TensorMap | None = None):
+        self.graph = graph
+        self.args = dict(args or {})
+
+    def call(self, *targs: Any, args: TensorMap | None = None) -> tuple[Tensor, ...]:
+        """Call the graph: ``targs`` fill the unbound inputs in order; ``args`` add or override bindings."""
+        return self.call_with_info(*targs, args=args).outputs
+
+    def call_with_info(self, *targs: Any, args: TensorMap | None = None) -> CallSiteInfo:
+        inputs = {**self.args, **(args or {})}
+        _check_by_ref_inputs(self.graph, inputs)
+        return call_with_info(self.graph, *targs, inputs_dict=inputs)
+
+    def bind(self, args: TensorMap) -> "BoundGraph":
+        """A new BoundGraph with ``args`` bound as well (overriding existing bindings)."""
+        return BoundGraph(self.graph, {**self.args, **args})
+
+    def subgraph_io_map(self, *targs: Tensor, args: TensorMap | None = None,
+                        outs: Iterable[Tensor] = ()) -> dict[Tensor, Tensor]:
+        """``{graph input: call input}`` for all inputs and ``{graph output: call output}``."""
+        inputs = {**self.args, **(args or {})}
+        inputs.update(zip(self.graph.inputs, targs))
+        return {**dict(zip(self.graph.outputs, outs)), **inputs}
+
+
+def _check_by_ref_inputs(graph: Graph, inputs: Mapping[Tensor, Any]) -> None:
+    """A by-reference input is updated in place: it must receive a variable (or, in a
+    subgraph, a tensor of that subgraph), never a constant."""
+    for graph_input, value in inputs.items():
+        if not graph_input.node.meta.get("ipuxl_by_ref") or not isinstance(value, Tensor):
+            continue
+        if isinstance(value, Constant) or (value.graph.is_main and not isinstance(value, Variable)):
+            raise InvalidArgumentError(
+                f"input '{graph_input.name}' of graph '{graph.name}' is passed by reference (it is updated in "
+                f"place) but got '{value.name}', which is not a variable", where=context.user_source_line(),
+                fix="pass a variable (e.g. from factories.init()); an update of a temporary or constant is lost")
+
+
+class GraphWithNamedArgs:
+    """A graph and the tensors (``args``) of its named inputs.
+
+    Attributes:
+        graph: the ipuxl Graph.
+        args: NamedTensors of the graph's named inputs (its state).
+    """
+
+    def __init__(self, graph: Graph, args: NamedTensors | None = None,
+                 grad_graph_info: GradGraphInfo | None = None, from_module: "Module | None" = None):
+        self.graph = graph
+        self.args = args if args is not None else NamedTensors()
+        self._grad_graph_info = grad_graph_info
+        self._from_module = from_module
+        self.autodiff_applied = False
+
+    @classmethod
+    def from_grad_graph(cls, grad_graph_info: GradGraphInfo, args: NamedTensors | None = None) -> "GraphWithNamedArgs":
+        return cls(grad_graph_info.graph, args, grad_graph_info)
+
+    def bind(self, args: NamedTensors | None = None) -> BoundGraph:
+        """Bind the named inputs to ``args`` (same keys as ``self.args``).
+
+        Raises:
+            InvalidArgumentError: ``args`` lacks some keys of ``self.args`` or has extra ones.
+        """
+        if args is None:
+            return BoundGraph(self.graph)
+        expected, given = set(self.args.keys_flat()), set(args.keys_flat())
+        if expected != given:
+            raise InvalidArgumentError(
+                f"cannot bind graph '{self.graph.name}': missing keys {sorted(expected - given)}, "
+                f"extra keys {sorted(given - expected)}",
+                fix="bind the NamedTensors made by the factories of this graph (facts.init())")
+        return BoundGraph(self.graph, self.args.to_mapping(args))
+
+    def call(self, *targs: Any, args: TensorMap | None = None) -> tuple[Tensor, ...]:
+        """Call the graph with no bound arguments (pass named inputs in ``args``)."""
+        return self.bind().call(*targs, args=args)
+
+    def call_with_info(self, *targs: Any, args: TensorMap | None = None) -> CallSiteInfo:
+        return self.bind().call_with_info(*targs, args=args)
+
+    def autodiff(self, grads_provided: Iterable[Tensor] | None = None,
+                 grads_required: Iterable[Tensor] | None = None, force: bool = False) -> "GraphWithNamedArgs":
+        """The gradient graph (see ``addons_compat.autodiff``); once per graph unless ``force``."""
+        from ipuxl.addons_compat.transforms import autodiff
+
+        if self.autodiff_applied and not force:
+            raise InvalidArgumentError(
+                f"autodiff was already applied to graph '{self.graph.name}'; it rewrites the forward graph, "
+                "so applying it twice does not give the same result", fix="pass force=True to do it anyway")
+        grad = autodiff(self, grads_provided, grads_required)
+        self.autodiff_applied = True
+        return grad
+
+    @property
+    def grad_graph_info(self) -> GradGraphInfo:
+        """The ``GradGraphInfo`` of a gradient graph (made by autodiff)."""
+        if self._grad_graph_info is None:
+            raise AttributeError(f"graph '{self.graph.name}' is not a gradient graph: it has no grad_graph_info")
+        return self._grad_graph_info
+
+    @grad_graph_info.setter
+    def grad_graph_info(self, info: GradGraphInfo) -> None:
+        self._grad_graph_info = info
+
+    def copy(self) -> "GraphWithNamedArgs":
+        return GraphWithNamedArgs(self.graph, self.args.copy(), self._grad_graph_info)
+
+    def print_schedule(self) -> str:
+        """The schedule in popxl.addons' text form, named inputs shown as ``name=%k``."""
+        return format_schedule(self.graph, {t: name for name, t in self.args.to_dict().items()})

@@ -1,0 +1,154 @@
+"""popxl.addons' ``Module``: a graph-building layer with state declared as named inputs.
+
+``build`` runs inside the graph being created. State is declared with
+``add_variable_input`` (a graph input plus a ``VariableFactory``); submodules
+assigned as attributes share their trees with the parent under the attribute name,
+so calling ``self.fc1(x)`` inside ``build`` inlines fc1's ops and its inputs appear
+as ``fc1.weight``. ``create_graph`` returns ``(factories, GraphWithNamedArgs)`` and
+resets the module, which keeps no state between graphs (as upstream).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+
+from ipuxl.addons_compat.graph import GraphWithNamedArgs
+from ipuxl.addons_compat.graph_cache import GraphCache
+from ipuxl.addons_compat.named_tensors import NamedTensors
+from ipuxl.addons_compat.variable_factory import NamedVariableFactories, VariableFactory, add_variable_input
+from ipuxl.capture.graph_builder import Module as _PopXLModule
+from ipuxl.errors import InvalidArgumentError
+from ipuxl.ir import context
+from ipuxl.ir.tensor import Tensor
+
+__all__ = ["Module"]
+
+
+class Module(_PopXLModule):
+    """Base class of popxl.addons-style layers and models.
+
+    Args:
+        cache: reuse one graph for ``create_graph`` calls with equal argument specs.
+
+    Example:
+        >>> class Scale(Module):
+        ...     def build(self, x):
+        ...         w = self.add_variable_input("w", lambda: np.ones(x.shape, np.float32))
+        ...         return x * w
+    """
+
+    def __init__(self, cache: bool = False):
+        object.__setattr__(self, "_variable_factories", NamedVariableFactories())
+        object.__setattr__(self, "_named_inputs", NamedTensors())
+        self._graph_cache = GraphCache() if cache else None
+        self._args_cache: dict[Any, tuple[NamedVariableFactories, NamedTensors]] = {}
+
+    # -- submodules ------------------------------------------------------------------
+    def __setattr__(self, key: str, value: Any) -> None:
+        if isinstance(value, Module) and "_named_inputs" in self.__dict__:
+            # The submodule's trees become subtrees of ours (shared objects), so
+            # inputs it adds while building appear here as "key.name".
+            self._variable_factories.insert(key, value._variable_factories, overwrite=True)
+            self._named_inputs.insert(key, value._named_inputs, overwrite=True)
+        super().__setattr__(key, value)
+
+    @classmethod
+    def from_list(cls, sub_modules: list["Module"]) -> "Module":
+        """A module whose submodules are named ``0, 1, ...``."""
+        self = cls()
+        for i, module in enumerate(sub_modules):
+            setattr(self, str(i), module)
+        self._sub_modules = list(sub_modules)
+        return self
+
+    def get(self, key: str | int) -> Any:
+        return getattr(self, str(key))
+
+    def __getitem__(self, key: str | int) -> Any:
+        return self.get(key)
+
+    def __iter__(self) -> Iterator["Module"]:
+        if "_sub_modules" not in self.__dict__:
+            raise TypeError(f"{type(self).__name__} is not iterable: only modules made with Module.from_list are")
+        return iter(self._sub_modules)
+
+    # -- named inputs ---------------------------------------------------------------------
+    def add_variable_input(self, name: str, data_iter: Callable[[], Any] | Iterable[Any],
+                           dtype: torch.dtype | None = None, by_ref: bool = False,
+                           replica_grouping: Any = None, overwrite: bool = False) -> Tensor:
+        """Add a named graph input with a factory for its variables; returns the input tensor.
+
+        Raises:
+            NameConflictError: ``name`` is already a named input of this module.
+        """
+        self._check_free(name, overwrite)
+        tensor, factory = add_variable_input(name, data_iter, dtype, by_ref, replica_grouping)
+        self._variable_factories.insert(name, factory, overwrite=overwrite)
+        self._named_inputs.insert(name, tensor, overwrite=overwrite)
+        return tensor
+
+    def add_variable_factory(self, factory: VariableFactory, name: str | None = None) -> Tensor:
+        """Add a named graph input made by an existing factory."""
+        name = name or factory.name
+        self._check_free(name, False)
+        tensor = factory.create_input()
+        self._variable_factories.insert(name, factory)
+        self._named_inputs.insert(name, tensor)
+        return tensor
+
+    def add_variable_inputs(self, name: str | int, variable_f: NamedVariableFactories,
+                            overwrite: bool = False) -> NamedTensors:
+        """Add a graph input for each factory of ``variable_f`` under ``name``; returns them.
+
+        Used to outline: bind one shared graph to several sets of inputs.
+        """
+        name = str(name)
+        self._check_free(name, overwrite)
+        tensors = NamedTensors.from_dict({key: f.create_input() for key, f in variable_f.to_dict().items()})
+        self._variable_factories.insert(name, variable_f.copy(), overwrite=overwrite)
+        self._named_inputs.insert(name, tensors, overwrite=overwrite)
+        return tensors
+
+    def _check_free(self, name: str, overwrite: bool) -> None:
+        if not overwrite and name in self._named_inputs:
+            from ipuxl.errors import NameConflictError
+
+            raise NameConflictError(
+                f"{type(self).__name__} already has a variable input named '{name}'",
+                where=context.user_source_line(), fix="give each variable input of a module its own name")
+
+    # -- graphs ------------------------------------------------------------------------
+    def create_graph(self, *args: Any, **kwargs: Any) -> tuple[NamedVariableFactories, GraphWithNamedArgs]:
+        """Build ``self.build(*args, **kwargs)`` as a graph; return its factories and the graph.
+
+        Tensor/TensorSpec arguments become graph inputs (in signature order) before
+        the named inputs ``build`` adds.
+        """
+        ir = context.gcg().ir
+        if self._graph_cache is not None:
+            graph = self._graph_cache.create_graph(self, *args, **kwargs)
+            if graph not in self._args_cache:
+                self._args_cache[graph] = (self._variable_factories.copy(), self._named_inputs.copy())
+            factories, named = self._args_cache[graph]
+        else:
+            graph = ir.create_graph(self, *args, **kwargs)
+            factories, named = self._variable_factories, self._named_inputs
+        result = factories.copy(), GraphWithNamedArgs(graph, named.copy(), from_module=self)
+        self._reset()
+        return result
+
+    def _reset(self) -> None:
+        """Forget the inputs of the last graph (submodule subtrees are kept, emptied)."""
+        self._variable_factories._clear()
+        self._named_inputs._clear()
+
+    def call_module(self, module: "Module", name: str | None = None) -> Callable[..., tuple[Tensor, ...]]:
+        """Outline ``module``: build its graph, add its inputs under ``name`` and return a caller."""
+        def call(*args: Any, **kwargs: Any) -> tuple[Tensor, ...]:
+            factories, graph = module.create_graph(*args, **kwargs)
+            inputs = self.add_variable_inputs(name or type(module).__name__, factories)
+            tensor_args = [a for a in args if isinstance(a, Tensor)]
+            return graph.bind(inputs).call(*tensor_args)
+
+        return call
