@@ -17,7 +17,7 @@ import ipuxl.ops as ops
 from ipuxl import errors, transforms
 from ipuxl.errors import (
     AutodiffError, CaptureError, DataError, DetachedError, DeviceError, GraphContextError, InvalidArgumentError,
-    IpuxlError, PassError, ShapeMismatchError, StreamInputError,
+    IpuxlError, NameConflictError, PassError, ShapeMismatchError, StreamInputError,
 )
 
 F32 = ipuxl.float32
@@ -29,6 +29,7 @@ HIERARCHY = [
     (GraphContextError, CaptureError, (RuntimeError,)),
     (ShapeMismatchError, CaptureError, (ValueError,)),
     (InvalidArgumentError, CaptureError, (TypeError,)),
+    (NameConflictError, CaptureError, (ValueError,)),
     (PassError, IpuxlError, ()),
     (AutodiffError, PassError, (ValueError,)),
     (DeviceError, IpuxlError, (RuntimeError,)),
