@@ -83,11 +83,16 @@ class Graph:
 
     def _insert_placeholder(self, name: str) -> fx.Node:
         placeholders = [n for n in self.fx.nodes if n.op == "placeholder"]
+        # The target is the generated function's argument name: it must be unique.
+        taken = {n.target for n in placeholders}
+        target, i = _identifier(name), 1
+        while target in taken:
+            target, i = f"{_identifier(name)}_{i}", i + 1
         anchor = placeholders[-1].next if placeholders else next(iter(self.fx.nodes), None)
         if anchor is None or anchor.op == "root":
-            return self.fx.placeholder(_identifier(name))
+            return self.fx.placeholder(target)
         with self.fx.inserting_before(anchor):
-            return self.fx.placeholder(_identifier(name))
+            return self.fx.placeholder(target)
 
     def _set_outputs(self, outputs: Iterable[Tensor]) -> None:
         self._outputs = list(outputs)
