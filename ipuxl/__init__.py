@@ -12,7 +12,7 @@ from ipuxl import dtypes, errors, ops, transforms
 from ipuxl.capture import Module, constant, graph_input, variable
 from ipuxl.device import Session
 from ipuxl.dtypes import (
-    bfloat16, bool, float16, float32, float64, int8, int16, int32, int64, uint8, uint32,
+    dtype, bfloat16, bool, float16, float32, float64, int8, int16, int32, int64, uint8, uint32,
 )
 from ipuxl.ir import (
     Constant, DeviceToHostStream, Graph, HostToDeviceStream, Ir, Tensor, TensorByRef, TensorSpec, Variable,
@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "dtypes", "errors", "ops", "transforms", "Module", "constant", "graph_input", "variable", "Session",
-    "bfloat16", "bool", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint32",
+    "dtype", "bfloat16", "bool", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint32",
     "Constant", "DeviceToHostStream", "Graph", "HostToDeviceStream", "Ir", "Tensor", "TensorByRef",
     "TensorSpec", "Variable", "d2h_stream", "gcg", "get_current_graph", "h2d_stream", "in_sequence",
     "create_seeds", "__version__",

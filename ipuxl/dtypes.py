@@ -10,10 +10,11 @@ import numpy as np
 import torch
 
 __all__ = [
-    "float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32",
+    "dtype", "float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32",
     "int64", "uint32", "bool", "to_numpy_dtype", "from_any", "dtype_name",
 ]
 
+dtype = torch.dtype  # PopXL's ``popxl.dtype`` (the type of every dtype object)
 float16 = torch.float16
 bfloat16 = torch.bfloat16
 float32 = torch.float32

@@ -10,12 +10,13 @@ import pytest
 
 import ipuxl
 import ipuxl.ops
+import ipuxl.addons_compat
 import ipuxl.transforms
 
 IPUXL = [
     "Constant", "DeviceToHostStream", "Graph", "HostToDeviceStream", "Ir", "Module", "Session", "Tensor",
     "TensorByRef", "TensorSpec", "Variable", "__version__", "bfloat16", "bool", "constant", "create_seeds",
-    "d2h_stream", "dtypes", "errors", "float16", "float32", "float64", "gcg", "get_current_graph",
+    "d2h_stream", "dtype", "dtypes", "errors", "float16", "float32", "float64", "gcg", "get_current_graph",
     "graph_input", "h2d_stream", "in_sequence", "int16", "int32", "int64", "int8", "ops", "transforms",
     "uint32", "uint8", "variable",
 ]
@@ -35,7 +36,13 @@ OPS = [
 
 TRANSFORMS = ["ExpectedConnection", "ExpectedConnectionType", "GradGraphInfo", "autodiff"]
 
-MODULES = [(ipuxl, IPUXL), (ipuxl.ops, OPS), (ipuxl.transforms, TRANSFORMS)]
+ADDONS = [
+    "BoundGraph", "Conv2D", "DotTree", "Embedding", "GraphCache", "GraphWithNamedArgs", "LayerNorm", "Linear",
+    "Module", "NamedTensors", "NamedVariableFactories", "TensorMap", "VariableFactory", "add_variable_input",
+    "autodiff", "autodiff_with_accumulation", "layers", "ops", "to_mapping",
+]
+
+MODULES = [(ipuxl, IPUXL), (ipuxl.ops, OPS), (ipuxl.transforms, TRANSFORMS), (ipuxl.addons_compat, ADDONS)]
 
 
 @pytest.mark.parametrize("module, expected", MODULES, ids=lambda v: getattr(v, "__name__", None))
