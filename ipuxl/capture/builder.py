@@ -36,6 +36,7 @@ def emit(
     name: str | None = None,
     modifies: Tensor | None = None,
     writes: Sequence[Tensor] = (),
+    aliases: Tensor | None = None,
     num_outputs: int | None = None,
     meta_fn: Callable[..., Any] | None = None,
 ) -> Any:
@@ -48,6 +49,8 @@ def emit(
         name: the user's name for the output tensor.
         modifies: for in-place ops, the tensor they write to and return (an alias).
         writes: further tensors the op writes to as a side effect.
+        aliases: the input the result shares storage with, where running on meta
+            tensors cannot tell (``detach``); views are otherwise found automatically.
         num_outputs: when the target returns a sequence, how many Tensors to return.
         meta_fn: computes the output meta value instead of running ``target`` on meta
             tensors (for targets that cannot run on the meta device).
@@ -64,6 +67,8 @@ def emit(
     _record(node, op_name, meta_out, name)
     if modifies is not None:
         node.meta["ipuxl_modifies"] = _root(modifies.node)
+    elif aliases is not None:
+        node.meta["ipuxl_view_of"] = aliases.node
     else:
         _record_view(node, meta_out, args, kwargs, meta_args)
     written = ([modifies] if modifies is not None else []) + list(writes)

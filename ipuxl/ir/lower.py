@@ -4,8 +4,9 @@ Used by the device to compile each graph once and by passes that trace a graph
 (autodiff). Steps:
 
 1. copy the graph's nodes in program order (in-place ops keep their position),
-   copying a view (reshape, slice...) that an in-place op later writes through,
-   because PopXL's view-like ops return new tensors;
+   copying a view (reshape, slice...) that an in-place op writes through or whose
+   source is written while the view is still to be read, because PopXL's
+   view-like ops return new tensors;
 2. replace each subgraph call by a direct call of the callee's compiled code
    (``callee_fn(graph)``, so a graph called from many sites exists once), cloning
    inputs that the callee modifies unless they are passed by reference; a graph
@@ -105,7 +106,7 @@ def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[
                 values: dict[str, torch.Tensor], callee_fn: CalleeFn, inline: Callable[["Graph"], bool] | None,
                 prefix: str) -> list[fx.Node]:
     """Copy ``graph``'s nodes into ``new`` (inputs already bound in ``env``); return its outputs."""
-    written_views = _written_views(graph)
+    written_views = _views_to_copy(graph)
     inlined: dict[fx.Node, list[fx.Node]] = {}
     for node in graph.fx.nodes:
         if node in env:  # an input bound by the caller of an inlined graph
@@ -146,9 +147,27 @@ def _inlinable(node: fx.Node, inline: Callable[["Graph"], bool] | None) -> bool:
             and inline(target.graph))
 
 
-def _written_views(graph: "Graph") -> set[fx.Node]:
-    """View nodes that an in-place op writes through (they must become copies)."""
-    return {w for n in graph.fx.nodes for w in n.meta.get("ipuxl_writes", ()) if "ipuxl_view_of" in w.meta}
+def _views_to_copy(graph: "Graph") -> set[fx.Node]:
+    """View nodes that must become copies to keep PopXL's value semantics.
+
+    torch's reshape, slicing, transpose... return views where PopXL ops return new
+    tensors. A view must be copied when an in-place op writes through it, or when
+    its source is written after the view is made and before its last use.
+    """
+    order = {node: i for i, node in enumerate(graph.fx.nodes)}
+    writes: dict[fx.Node, list[int]] = {}
+    for node in graph.fx.nodes:
+        for written in node.meta.get("ipuxl_writes", ()):
+            writes.setdefault(written, []).append(order[node])
+    copied: set[fx.Node] = set()
+    for node in graph.fx.nodes:
+        if "ipuxl_view_of" not in node.meta:
+            continue
+        root = _storage_root(node, copied)
+        last_use = max((order[user] for user in node.users), default=-1)
+        if node in writes or any(order[node] < w <= last_use for w in writes.get(root, ())):
+            copied.add(node)
+    return copied
 
 
 def _storage_root(node: fx.Node, copied: set[fx.Node]) -> fx.Node:

@@ -176,7 +176,7 @@ def cast(t: Tensor, data_type: torch.dtype) -> Tensor:
 
 def detach(t: Tensor) -> Tensor:
     """Identity whose gradient is zero (stops autodiff)."""
-    return emit("detach", torch.Tensor.detach, (t,))
+    return emit("detach", torch.Tensor.detach, (t,), aliases=t)
 
 
 def identity(t: Tensor) -> Tensor:

@@ -122,15 +122,21 @@ def sparse_accumulate_(t: Tensor, X: Tensor, indices: Tensor, axis: int = 0, f: 
 
 def _adam_updater(m: torch.Tensor, v: torch.Tensor, w: Any, step: Any, wd: Any, beta1: Any, beta2: Any,
                   eps: Any) -> torch.Tensor:
+    # Everything is computed in float32 (float64 stays float64) before the bias
+    # correction: a float16 ``v`` divided by ``1 - beta2**t`` (0.001 at t = 1 for
+    # beta2 = 0.999) loses precision and overflows float16 once ``v`` > 65.5.
+    out_dtype = w.dtype if w is not None else m.dtype
+    m = m.to(torch.promote_types(m.dtype, torch.float32))
+    v = v.to(torch.promote_types(v.dtype, torch.float32))
     if step is not None:
         step.add_(1)
         stepf = step.to(torch.float32)
         m = m / (1 - torch.pow(torch.as_tensor(beta1, device=m.device), stepf))
         v = v / (1 - torch.pow(torch.as_tensor(beta2, device=m.device), stepf))
-    out = m.float() / (torch.sqrt(v.float()) + eps)
+    out = m / (torch.sqrt(v) + eps)
     if wd is not None:
         out = out + wd * w
-    return out.to(w.dtype if w is not None else m.dtype)
+    return out.to(out_dtype)
 
 
 def _check_updater(name: str, weight: Any, time_step: Any, weight_decay: Any, beta1: Any, beta2: Any) -> Any:
@@ -153,7 +159,8 @@ def adam_updater(acc_first_order: Tensor, acc_second_order: Tensor, weight: Tens
     Bias correction (``m̂ = m / (1 - beta1**t)``, same for ``v``) applies only when
     ``time_step`` is given; then ``time_step`` is first incremented in place, as in
     PopXL. ``m`` and ``v`` are not updated here: call the ``accumulate_moving_average*``
-    ops first.
+    ops first. The term is computed in float32 (or float64 for float64 states) even
+    for float16 states, and returned in ``weight``'s dtype (``m``'s without a weight).
     """
     wd = _check_updater("adam_updater", weight, time_step, weight_decay, beta1, beta2)
     args = (acc_first_order, acc_second_order, weight, time_step, wd, beta1, beta2, epsilon)

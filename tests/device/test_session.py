@@ -537,3 +537,22 @@ def test_print_schedule_mentions_ops_and_called_graphs():
         "    Mul.101 (%2 [(2,) float32]) -> (%3 [(2,) float32])",
         "  }",
     ]
+
+
+def test_view_read_after_its_source_is_updated_keeps_the_old_value():
+    """PopXL's reshape/cast/detach/transpose/slice are copies, so they keep the value they saw."""
+    ir = ipuxl.Ir()
+    with ir.main_graph:
+        x = ipuxl.variable(np.arange(4, dtype=np.float32).reshape(2, 2), name="x")
+        views = [x.reshape((4,)), ops.cast(x, F32), ops.detach(x), x.T, x[0]]
+        ops.scaled_add_(x, ipuxl.constant(np.ones((2, 2), np.float32)))
+        streams = [ipuxl.d2h_stream(v.shape, v.dtype, f"v{i}") for i, v in enumerate(views)]
+        for stream, view in zip(streams, views):
+            ops.host_store(stream, view)
+    with ipuxl.Session(ir) as session:
+        out = session.run()
+    before = torch.arange(4, dtype=torch.float32).reshape(2, 2)
+    expected = [before.reshape(4), before, before, before.T, before[0]]
+    for stream, value in zip(streams, expected):
+        assert_close(torch.from_numpy(out[stream]), value)
+    assert_close(torch.from_numpy(session.get_tensor_data(x)), before + 1)
