@@ -53,9 +53,13 @@ def build_graph(ir: "Ir", fn: Callable[..., Any], args: tuple, kwargs: dict) -> 
     graph = ir._new_graph(name.replace(".<locals>", ""))
     bound = _bind(target, name, args, kwargs)
     by_ref = _by_ref_params(target)
+    var_keyword = {p.name for p in inspect.signature(target).parameters.values() if p.kind is p.VAR_KEYWORD}
     with graph:
         for param, value in bound.arguments.items():
-            bound.arguments[param] = _as_inputs(graph, param, value, by_ref=param in by_ref)
+            if param in var_keyword:  # **kwargs: one input per tensor, named by its key
+                bound.arguments[param] = {k: _as_inputs(graph, k, v, param in by_ref) for k, v in value.items()}
+            else:
+                bound.arguments[param] = _as_inputs(graph, param, value, by_ref=param in by_ref)
         result = target(*bound.args, **bound.kwargs)
         graph._set_outputs(_outputs(graph, name, result))
     return graph
@@ -141,10 +145,8 @@ def _as_inputs(graph: "Graph", param: str, value: Any, by_ref: bool = False) -> 
         return graph._add_input(spec, param, by_ref=by_ref)
     if isinstance(value, (list, tuple)) and any(isinstance(v, (Tensor, TensorSpec, TensorByRef)) for v in value):
         return type(value)(_as_inputs(graph, f"{param}_{i}", v, by_ref) for i, v in enumerate(value))
-    if isinstance(value, dict) and param != "kwargs":
+    if isinstance(value, dict):  # a dict for a normal parameter is passed through, as in PopXL
         return value
-    if isinstance(value, dict):
-        return {k: _as_inputs(graph, k, v, by_ref) for k, v in value.items()}
     if _is_plain(value):
         return value
     raise InvalidArgumentError(

@@ -1,8 +1,11 @@
 """Optimisers as graph-building code whose updates are in-place ``var_updates`` ops.
 
-The full set (SGD with momentum, Adam, AdamW, LAMB, RMSprop) arrives with the
-popxl.addons issue; for now plain SGD, the update seed 001 writes by hand.
+* ``rules``: the update rules (SGD, Adam/AdamW, LAMB, RMSprop) matching torch.optim.
+* ``SGDUpdate``, ``AdamUpdate``, ``AdamWUpdate``, ``LAMBUpdate``, ``RMSpropUpdate``:
+  popxl.addons-style Modules applying a rule to one weight with its state.
+* ``apply_optimizer``: one optimiser over every variable of a NamedTensors.
 """
-from ipuxl.optim.sgd import sgd_update_
+from ipuxl.optim import rules
+from ipuxl.optim.modules import AdamUpdate, AdamWUpdate, LAMBUpdate, RMSpropUpdate, SGDUpdate, apply_optimizer
 
-__all__ = ["sgd_update_"]
+__all__ = ["rules", "AdamUpdate", "AdamWUpdate", "LAMBUpdate", "RMSpropUpdate", "SGDUpdate", "apply_optimizer"]
