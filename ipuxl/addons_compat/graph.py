@@ -35,8 +35,15 @@ class BoundGraph:
         return self.call_with_info(*targs, args=args).outputs
 
     def call_with_info(self, *targs: Any, args: TensorMap | None = None) -> CallSiteInfo:
+        """Call the graph (see ``call``) and return the ``CallSiteInfo`` of the call site.
+
+        Raises:
+            InvalidArgumentError: a by-reference input (positional or bound) gets a
+                constant or a main-graph tensor that is not a variable.
+        """
         inputs = {**self.args, **(args or {})}
-        _check_by_ref_inputs(self.graph, inputs)
+        positional = [v for arg in targs for v in (arg if isinstance(arg, (list, tuple)) else [arg])]
+        _check_by_ref_inputs(self.graph, {**dict(zip(self.graph.inputs, positional)), **inputs})
         return call_with_info(self.graph, *targs, inputs_dict=inputs)
 
     def bind(self, args: TensorMap) -> "BoundGraph":

@@ -27,8 +27,9 @@ class VariableFactory:
     """Creates graph inputs and main-graph variables from a data source.
 
     Args:
-        data_iter: a callable returning host data (called once per variable), or an
-            iterable of host data.
+        data_iter: a callable returning host data, or an iterable of host data. A
+            callable is called once here to test it (the result is discarded, as
+            upstream) and then once per variable.
         dtype: the tensor dtype (default: the data's, 64-bit downcast to 32-bit).
         name: the tensor name.
         by_ref: graph inputs made by this factory are passed by reference.
@@ -38,6 +39,14 @@ class VariableFactory:
                  name: str | None = None, by_ref: bool = False, replica_grouping: Any = None):
         if callable(data_iter):
             source = data_iter
+            try:
+                # Upstream calls the callable once to test it and discards the result:
+                # doing the same keeps seeded host RNG draws (np.random) identical.
+                source()
+            except Exception as error:
+                raise InvalidArgumentError(
+                    f"the data callable of variable factory '{name}' raised {type(error).__name__}: {error}",
+                    fix="pass a callable returning host data, e.g. `partial(np.zeros, shape)`") from error
 
             def endless() -> Iterator[Any]:
                 while True:
