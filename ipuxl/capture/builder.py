@@ -65,6 +65,7 @@ def emit(
     node = graph.fx.create_node("call_function", target, node_args, node_kwargs,
                                 name=_identifier(name or op_name))
     _record(node, op_name, meta_out, name)
+    node.meta["ipuxl_op_id"] = graph.ir._next_op_id()
     if modifies is not None:
         node.meta["ipuxl_modifies"] = _root(modifies.node)
     elif aliases is not None:

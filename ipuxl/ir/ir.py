@@ -45,6 +45,7 @@ class Ir:
         self.num_host_transfers = 1
         self.graphs: list[Graph] = []
         self._subgraph_count = 0
+        self._op_ids = itertools.count(100)  # PopART numbers ops across the IR from 100
         self._streams: list[_Stream] = []
         self._variables: dict[str, VariableRecord] = {}
         self.main_graph = Graph(self, "main_graph")
@@ -89,6 +90,9 @@ class Ir:
         from ipuxl.capture.graph_builder import build_graph
 
         return build_graph(self, fn, args, kwargs)
+
+    def _next_op_id(self) -> int:
+        return next(self._op_ids)
 
     def create_empty_graph(self, name: str | None = None) -> Graph:
         return self._new_graph(name or "graph")

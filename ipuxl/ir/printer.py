@@ -8,7 +8,7 @@
 
 Tensors are numbered ``%1, %2...`` in order of appearance (inputs first); inputs
 with a name in ``named`` print as ``name=%k``. Ops get PopART's type names and ids
-from 100 in schedule order; a call names the graph it calls.
+(numbered across the IR from 100 in creation order); a call names the graph it calls.
 """
 from __future__ import annotations
 
@@ -38,7 +38,9 @@ _OP_TYPES = {
     "argmin": "ArgMin", "cast": "Cast", "_to_copy": "Cast", "dropout": "Dropout", "random_normal": "RandomNormal",
     "random_uniform": "RandomUniform", "nll_loss": "Nll", "nll_loss_with_softmax_grad": "NllWithSoftmaxGrad",
     "scaled_add": "ScaledAdd", "scaled_add_": "ScaledAddLhsInplace", "accumulate_": "Accumulate",
-    "copy_var_update_": "CopyVarUpdate", "adam_updater": "AdamUpdater", "lamb_square": "LambSquare",
+    "copy_var_update_": "CopyVarUpdate", "accumulate_moving_average_": "Accumulate",
+    "accumulate_moving_average_square_": "Accumulate", "accumulate_square_": "Accumulate",
+    "accumulate_mean_": "Accumulate", "adam_updater": "AdamUpdater", "lamb_square": "LambSquare",
     "call": "Call", "repeat": "Loop", "host_load": "HostLoad", "host_store": "HostStore",
     "gelu_backward": "GeluGrad", "tanh_backward": "TanhGrad", "_softmax_backward_data": "SoftmaxGrad",
     "threshold_backward": "ReluGrad", "expand": "Expand", "clone": "Identity", "detach": "Detach",
@@ -57,7 +59,7 @@ def format_schedule(graph: "Graph", named: Mapping["Tensor", str] | None = None)
             continue
         if node.meta.get("ipuxl_op") == "output_of" or (node.op == "call_function" and _is_item(node)):
             continue
-        lines.append(f"    {_op_line(node, op_id, ids)}")
+        lines.append(f"    {_op_line(node, node.meta.get('ipuxl_op_id', op_id), ids)}")
         op_id += 1
     outs = ", ".join(_ref(t.node, ids) for t in graph.outputs)
     lines[1] = f"  ({ins}) -> ({outs}) {{"

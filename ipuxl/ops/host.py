@@ -57,6 +57,7 @@ def host_load(h2d_stream: HostToDeviceStream, name: str | None = None) -> Tensor
     tensor = graph._add_input(h2d_stream.spec, name or h2d_stream.name, role="h2d")
     tensor.node.meta["ipuxl_stream"] = h2d_stream
     tensor.node.meta["ipuxl_op"] = "host_load"
+    tensor.node.meta["ipuxl_op_id"] = graph.ir._next_op_id()
     return tensor
 
 

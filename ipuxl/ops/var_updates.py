@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from ipuxl.capture.builder import check_same_shape, emit
@@ -41,14 +42,19 @@ def _accumulate_square(t: torch.Tensor, x: torch.Tensor, f: Any) -> torch.Tensor
     return t.addcmul_(x, x, value=f) if _is_number(f) else t.add_(x * x * f)
 
 
+def _f32(f: Any) -> Any:
+    """A Python-number factor rounded to float32, as PopART stores optimiser values."""
+    return float(np.float32(f)) if _is_number(f) else f
+
+
 def _moving_average(t: torch.Tensor, x: torch.Tensor, f: Any) -> torch.Tensor:
-    x = x.to(t.dtype)
+    x, f = x.to(t.dtype), _f32(f)
     t.mul_(f)
     return t.add_(x, alpha=1 - f) if _is_number(f) else t.add_(x * (1 - f))
 
 
 def _moving_average_square(t: torch.Tensor, x: torch.Tensor, f: Any) -> torch.Tensor:
-    x = x.to(t.dtype)
+    x, f = x.to(t.dtype), _f32(f)
     t.mul_(f)
     return t.addcmul_(x, x, value=1 - f) if _is_number(f) else t.add_(x * x * (1 - f))
 
@@ -161,8 +167,10 @@ def adam_updater(acc_first_order: Tensor, acc_second_order: Tensor, weight: Tens
     PopXL. ``m`` and ``v`` are not updated here: call the ``accumulate_moving_average*``
     ops first. The term is computed in float32 (or float64 for float64 states) even
     for float16 states, and returned in ``weight``'s dtype (``m``'s without a weight).
+    As in PopXL, ``weight`` is only connected when weight decay needs it.
     """
     wd = _check_updater("adam_updater", weight, time_step, weight_decay, beta1, beta2)
+    weight = weight if wd is not None else None
     args = (acc_first_order, acc_second_order, weight, time_step, wd, beta1, beta2, epsilon)
     writes = [time_step] if time_step is not None else []
     return emit("adam_updater", _adam_updater, args, name="updater", writes=writes)

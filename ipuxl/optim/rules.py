@@ -143,9 +143,9 @@ def adam_(weight: Tensor, grad: Tensor, first_order: Tensor, second_order: Tenso
     if amsgrad:
         v = _store(max_second_order, maximum(_as(max_second_order, dtype), _as(v, dtype)))
     if bias_correction:
-        update = var_updates.adam_updater(m, v, weight, step, None, beta1, beta2, eps)
+        update = var_updates.adam_updater(_as(m, dtype), v, weight, step, None, beta1, beta2, eps)
     else:
-        update = var_updates.adam_updater(m, v, weight, None, None, None, None, eps)
+        update = var_updates.adam_updater(_as(m, dtype), v, weight, None, None, None, None, eps)
         if step is not None:
             add_(step, 1.0)
     scaled_add_(weight, update, b=-lr)

@@ -19,6 +19,8 @@ Algorithm:
 """
 from __future__ import annotations
 
+import operator
+
 from typing import Any, Sequence
 
 import torch
@@ -171,7 +173,7 @@ def _rewrite_forward(graph: Graph, fw: fx.GraphModule, n_fwd: int) -> list[tuple
         env[node] = fresh
         handle._node = fresh
         handles[fresh] = handle
-    _copy_body(fw, new, env, graph.constants)
+    _copy_body(fw, new, env, graph.constants, graph.ir)
     outputs = list(fw.graph.output_node().args[0])
     graph.fx = new
     graph._handles = handles
@@ -203,12 +205,14 @@ def _saved_tensor(graph: Graph, node: fx.Node) -> Tensor:
 
 
 def _copy_body(source: fx.GraphModule, new: fx.Graph, env: dict[fx.Node, fx.Node],
-               constants: dict[str, torch.Tensor]) -> None:
+               constants: dict[str, torch.Tensor], ir: Any) -> None:
     for node in source.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
         copied = new.node_copy(node, lambda n: env[n])
         copied.meta["val"] = _to_meta(node.meta.get("val"))
+        if node.op == "call_function" and node.target is not operator.getitem:
+            copied.meta["ipuxl_op_id"] = ir._next_op_id()
         if _returns_view(node.target) and copied.all_input_nodes:
             copied.meta["ipuxl_view_of"] = copied.all_input_nodes[0]
         if node.op == "get_attr":
@@ -245,7 +249,7 @@ def _build_grad_graph(graph: Graph, bw: fx.GraphModule, provided: list[Tensor],
     for name, t in saved:
         handle = grad._add_input(t.spec, t.name)
         env[placeholders[name]] = handle.node
-    _copy_body(bw, grad.fx, env, grad.constants)
+    _copy_body(bw, grad.fx, env, grad.constants, graph.ir)
     outputs = []
     for node, fwd_input in zip(bw.graph.output_node().args[0], required):
         out = env[node]

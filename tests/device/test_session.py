@@ -527,14 +527,14 @@ def test_print_schedule_mentions_ops_and_called_graphs():
     main = ir.main_graph.print_schedule()
     assert isinstance(main, str)
     assert main.splitlines()[:2] == ["Graph : main_graph", "  () -> () {"]
-    for fragment in ("HostLoad.100(x_in) () -> (%1 [(2,) float32])", f"Call.101({graph.name}) (%1 [(2,) float32])",
-                     "Exp.102 (%2 [(2,) float32]) -> (%3 [(2,) float32])", "HostStore.103(y_out) (%3"):
+    for fragment in ("HostLoad.100(x_in) () -> (%1 [(2,) float32])", f"Call.103({graph.name}) (%1 [(2,) float32])",
+                     "Exp.104 (%2 [(2,) float32]) -> (%3 [(2,) float32])", "HostStore.105(y_out) (%3"):
         assert fragment in main, (fragment, main)
     assert graph.print_schedule().splitlines() == [
         f"Graph : {graph.name}",
         "  (%1) -> (%3) {",
-        "    Tanh.100 (%1 [(2,) float32]) -> (%2 [(2,) float32])",
-        "    Mul.101 (%2 [(2,) float32]) -> (%3 [(2,) float32])",
+        "    Tanh.101 (%1 [(2,) float32]) -> (%2 [(2,) float32])",
+        "    Mul.102 (%2 [(2,) float32]) -> (%3 [(2,) float32])",
         "  }",
     ]
 

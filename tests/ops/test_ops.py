@@ -680,6 +680,10 @@ def _fval(f):
     return f[1] if isinstance(f, tuple) else f
 
 
+def _f32(f: float) -> float:
+    return float(np.float32(f))
+
+
 VAR_UPDATES = [
     ("accumulate_", lambda t, x, f: vu.accumulate_(t, x), lambda t, x, f: t + x, None),
     ("accumulate_", lambda t, x, f: vu.accumulate_(t, x, f), lambda t, x, f: t + f * x, 0.3),
@@ -690,11 +694,13 @@ VAR_UPDATES = [
     ("accumulate_mean_", vu.accumulate_mean_, lambda t, x, f: t * f / (f + 1) + x / (f + 1), 3),
     ("accumulate_mean_", vu.accumulate_mean_, lambda t, x, f: t * f / (f + 1) + x / (f + 1), 0.0),
     ("accumulate_mean_", vu.accumulate_mean_, lambda t, x, f: t * f / (f + 1) + x / (f + 1), ("tensor", 2.0)),
-    ("accumulate_moving_average_", vu.accumulate_moving_average_, lambda t, x, f: f * t + (1 - f) * x, 0.9),
+    # Number factors are float32 in PopART: (1 - f) is 1 - float32(f).
+    ("accumulate_moving_average_", vu.accumulate_moving_average_,
+     lambda t, x, f: _f32(f) * t + (1 - _f32(f)) * x, 0.9),
     ("accumulate_moving_average_", vu.accumulate_moving_average_, lambda t, x, f: f * t + (1 - f) * x,
      ("tensor", 0.8)),
     ("accumulate_moving_average_square_", vu.accumulate_moving_average_square_,
-     lambda t, x, f: f * t + (1 - f) * x * x, 0.99),
+     lambda t, x, f: _f32(f) * t + (1 - _f32(f)) * x * x, 0.99),
     ("accumulate_moving_average_square_", vu.accumulate_moving_average_square_,
      lambda t, x, f: f * t + (1 - f) * x * x, ("tensor", 0.7)),
     ("accumulator_scale_", lambda t, x, f: vu.accumulator_scale_(t, f), lambda t, x, f: f * t, 0.5),
