@@ -23,7 +23,8 @@ from ipuxl.dtypes import DOWNCAST, dtype_name, from_any, to_numpy_dtype
 from ipuxl.errors import DetachedError, DeviceError, InvalidArgumentError, ShapeMismatchError, StreamInputError
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.ir import Ir
-from ipuxl.device.fuse import fuse_matmul_updates
+from ipuxl.device.dce import eliminate_dead_code
+from ipuxl.device.fuse import fuse_adam_updates, fuse_matmul_updates
 from ipuxl.ir.lower import CallTarget, lower_graph
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream
 from ipuxl.ir.tensor import Constant, Tensor, Variable
@@ -82,9 +83,11 @@ class Session:
 
     # -- compilation ---------------------------------------------------------------
     def _compile(self, graph: Graph, attrs: dict[str, torch.Tensor] | None = None) -> torch.fx.GraphModule:
-        """Lower ``graph``, inlining graphs with one call site, then fuse gradient updates."""
+        """Lower ``graph`` (inlining graphs with one call site), drop dead code, fuse updates."""
         module = lower_graph(graph, self._compile_callee, attrs, inline=lambda g: self._call_sites[g] == 1)
-        if fuse_matmul_updates(module.graph):
+        changed = [eliminate_dead_code(module.graph), fuse_matmul_updates(module.graph),
+                   fuse_adam_updates(module.graph)]
+        if any(changed):
             module.recompile()
         return module.to(self.device)
 

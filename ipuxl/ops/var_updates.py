@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ipuxl.dtypes import to_numpy_dtype
 from ipuxl.capture.builder import check_same_shape, emit
 from ipuxl.errors import InvalidArgumentError
 from ipuxl.ir.context import user_source_line
@@ -49,8 +50,10 @@ def _f32(f: Any) -> Any:
 
 def _moving_average(t: torch.Tensor, x: torch.Tensor, f: Any) -> torch.Tensor:
     x, f = x.to(t.dtype), _f32(f)
+    if _is_number(f):
+        return t.lerp_(x, 1 - f)  # one pass: t + (1 - f) * (x - t)
     t.mul_(f)
-    return t.add_(x, alpha=1 - f) if _is_number(f) else t.add_(x * (1 - f))
+    return t.add_(x * (1 - f))
 
 
 def _moving_average_square(t: torch.Tensor, x: torch.Tensor, f: Any) -> torch.Tensor:
@@ -126,23 +129,56 @@ def sparse_accumulate_(t: Tensor, X: Tensor, indices: Tensor, axis: int = 0, f: 
     return emit("sparse_accumulate_", _sparse_accumulate, (t, X, indices, axis, f), modifies=t)
 
 
+def _has_data(t: torch.Tensor) -> bool:
+    """False while shapes are inferred (meta) or a graph is traced (fake tensors)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return t.device.type != "meta" and not isinstance(t, FakeTensor)
+
+
+def _adam_denominator(m: torch.Tensor, v: torch.Tensor, step: Any, beta1: Any, beta2: Any,
+                      eps: Any) -> torch.Tensor:
+    """``(sqrt(v̂) + eps) * (1 - beta1**t)``, so that ``m / it == m̂ / (sqrt(v̂) + eps)``.
+
+    Everything is in float32 (float64 stays float64): a float16 ``v`` divided by
+    ``1 - beta2**t`` (0.001 at t = 1) would lose precision and overflow float16.
+    The bias corrections are folded into one scale of ``sqrt(v)``, so the whole
+    denominator costs three passes over the tensor (the update step is memory-bound).
+    """
+    compute = torch.promote_types(m.dtype, torch.float32)
+    denom = v.to(torch.promote_types(v.dtype, torch.float32)).sqrt()
+    if step is None:
+        return denom.add_(eps)
+    step.add_(1)
+    if _is_number(beta1) and _is_number(beta2) and _has_data(step):  # host scalars, as torch.optim does
+        t = float(step)
+        b1, b2 = float(np.array(beta1, to_numpy_dtype(compute))), float(np.array(beta2, to_numpy_dtype(compute)))
+        bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
+        return denom.mul_(bc1 / bc2 ** 0.5).add_(eps * bc1)
+    t = step.to(compute)
+    bc1 = 1 - torch.pow(torch.as_tensor(beta1, dtype=compute, device=m.device), t)
+    bc2 = 1 - torch.pow(torch.as_tensor(beta2, dtype=compute, device=m.device), t)
+    return denom.mul_(bc1 / torch.sqrt(bc2)).add_(eps * bc1)
+
+
 def _adam_updater(m: torch.Tensor, v: torch.Tensor, w: Any, step: Any, wd: Any, beta1: Any, beta2: Any,
                   eps: Any) -> torch.Tensor:
-    # Everything is computed in float32 (float64 stays float64) before the bias
-    # correction: a float16 ``v`` divided by ``1 - beta2**t`` (0.001 at t = 1 for
-    # beta2 = 0.999) loses precision and overflows float16 once ``v`` > 65.5.
     out_dtype = w.dtype if w is not None else m.dtype
-    m = m.to(torch.promote_types(m.dtype, torch.float32))
-    v = v.to(torch.promote_types(v.dtype, torch.float32))
-    if step is not None:
-        step.add_(1)
-        stepf = step.to(torch.float32)
-        m = m / (1 - torch.pow(torch.as_tensor(beta1, device=m.device), stepf))
-        v = v / (1 - torch.pow(torch.as_tensor(beta2, device=m.device), stepf))
-    out = m / (torch.sqrt(v) + eps)
+    denom = _adam_denominator(m, v, step, beta1, beta2, eps)
+    out = torch.div(m, denom)
     if wd is not None:
-        out = out + wd * w
+        out = out.add_(w * wd)
     return out.to(out_dtype)
+
+
+def _adam_update_(weight: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: Any, beta1: Any, beta2: Any,
+                 eps: Any, alpha: float) -> torch.Tensor:
+    """``weight += alpha * adam_updater(m, v, ...)`` (no weight decay) in one ``addcdiv_``.
+
+    The device fuses an ``adam_updater`` whose only use is such an update into this.
+    """
+    denom = _adam_denominator(m, v, step, beta1, beta2, eps)
+    return weight.addcdiv_(m.to(denom.dtype), denom, value=alpha)
 
 
 def _check_updater(name: str, weight: Any, time_step: Any, weight_decay: Any, beta1: Any, beta2: Any) -> Any:
