@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import time
 from typing import Callable
 
@@ -29,9 +28,9 @@ import ipuxl.ops as ops
 from ipuxl import optim
 
 try:
-    from benchmarks.bench_mlp import EagerMLP, make_data, time_calls
+    from benchmarks.bench_mlp import EagerMLP, alternate_timings, make_data
 except ImportError:  # run as a script from benchmarks/
-    from bench_mlp import EagerMLP, make_data, time_calls
+    from bench_mlp import EagerMLP, alternate_timings, make_data
 
 SIZES = [784, 512, 512, 512, 10]
 OPTIMISERS = {"sgd": 0.05, "adam": 1e-3}
@@ -136,13 +135,7 @@ def measure(optimiser: str, batch: int, n: int, steps: int, repeats: int) -> tup
     data = make_data(n, batch, min(calls, 4), torch.device("cpu"))
     run_ipu = lambda x, y32, y64: ipu.step(x, y32)  # noqa: E731
     run_eager = lambda x, y32, y64: eager.step(x, y64)  # noqa: E731
-    time_calls(run_ipu, data, calls), time_calls(run_eager, data, calls)  # warm-up
-    t_ipu, t_eager = [], []
-    for r in range(repeats):
-        for fn, out in [(run_ipu, t_ipu), (run_eager, t_eager)][::1 if r % 2 == 0 else -1]:
-            out.append(time_calls(fn, data, calls))
-    samples = calls * n * batch
-    return samples / statistics.median(t_ipu), samples / statistics.median(t_eager)
+    return alternate_timings(run_ipu, run_eager, data, calls, repeats, calls * n * batch)
 
 
 def main(argv: list[str] | None = None) -> list[tuple]:

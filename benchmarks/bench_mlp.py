@@ -193,6 +193,16 @@ def time_calls(fn, data, calls: int) -> float:
     return time.perf_counter() - start
 
 
+def alternate_timings(run_ipu, run_eager, data, calls: int, repeats: int, samples: int) -> tuple[float, float]:
+    """Median samples/s of (ipuxl, eager) after a warm-up, alternating which runs first."""
+    time_calls(run_ipu, data, calls), time_calls(run_eager, data, calls)  # warm-up
+    t_ipu, t_eager = [], []
+    for r in range(repeats):
+        for fn, out in [(run_ipu, t_ipu), (run_eager, t_eager)][::1 if r % 2 == 0 else -1]:
+            out.append(time_calls(fn, data, calls))
+    return samples / statistics.median(t_ipu), samples / statistics.median(t_eager)
+
+
 def measure(name, batch, n, steps, repeats, device_type, device) -> tuple[float, float]:
     """Median samples/s of (ipuxl, eager), timings alternated."""
     sizes, final_gelu = NETWORKS[name]
@@ -202,13 +212,7 @@ def measure(name, batch, n, steps, repeats, device_type, device) -> tuple[float,
     data = make_data(n, batch, min(calls, 4), device)
     run_ipu = lambda x, y32, y64: ipu.step(x[0], y32[0]) if n == 1 else ipu.step(x, y32)  # noqa: E731
     run_eager = lambda x, y32, y64: eager.step(x, y64)  # noqa: E731
-    time_calls(run_ipu, data, calls), time_calls(run_eager, data, calls)  # warm-up
-    t_ipu, t_eager = [], []
-    for r in range(repeats):
-        for fn, out in [(run_ipu, t_ipu), (run_eager, t_eager)][::1 if r % 2 == 0 else -1]:
-            out.append(time_calls(fn, data, calls))
-    samples = calls * n * batch
-    return samples / statistics.median(t_ipu), samples / statistics.median(t_eager)
+    return alternate_timings(run_ipu, run_eager, data, calls, repeats, calls * n * batch)
 
 
 def main(argv: list[str] | None = None) -> list[tuple]:

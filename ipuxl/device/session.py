@@ -19,7 +19,7 @@ from typing import Any, Callable, Literal, Mapping
 import numpy as np
 import torch
 
-from ipuxl.dtypes import DOWNCAST, dtype_name, from_any, to_numpy_dtype
+from ipuxl.dtypes import DOWNCAST, dtype_name, to_numpy_dtype
 from ipuxl.errors import DetachedError, DeviceError, InvalidArgumentError, ShapeMismatchError, StreamInputError
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.ir import Ir
