@@ -10,6 +10,11 @@ before the addition may differ in the last bit.
 weight decay becomes one ``addcdiv_`` (``var_updates._adam_update_``) when the
 updater's result has ``W``'s dtype, so the update term is never materialised.
 
+3. A whole bias-corrected Adam step (both moment updates, ``adam_updater`` and the
+update) of float32/float16 tensors of one dtype becomes torch's fused Adam kernel
+(``var_updates._fused_adam_step_``) when the moments have no other reader. Its
+moment factors are the Python numbers in double precision, not rounded to float32.
+
 Preconditions: a lowered fx graph (calls of single-site graphs already inlined, so
 the gradient's matmul and its update sit in one graph). The matmul's result must
 have no other user.
@@ -19,9 +24,11 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ipuxl.ops.var_updates import _adam_update_, _adam_updater
+from ipuxl.ops.var_updates import (
+    _adam_update_, _adam_updater, _fused_adam_step_, _moving_average, _moving_average_square,
+)
 
-__all__ = ["fuse_matmul_updates", "fuse_adam_updates"]
+__all__ = ["fuse_matmul_updates", "fuse_adam_updates", "fuse_adam_steps"]
 
 _MATMULS = (torch.ops.aten.mm.default, torch.mm)
 
@@ -72,3 +79,50 @@ def fuse_adam_updates(graph: fx.Graph) -> bool:
         graph.erase_node(term)
         changed = True
     return changed
+
+
+def fuse_adam_steps(graph: fx.Graph) -> bool:
+    """Rewrite a whole Adam step of one weight as one fused kernel (see the module docstring)."""
+    changed = False
+    for node in list(graph.nodes):
+        match = _adam_step(node)
+        if match is None:
+            continue
+        term, m_node, v_node = match
+        weight = node.args[0]
+        grad, (m, v), step = m_node.args[1], (m_node.args[0], v_node.args[0]), term.args[3]
+        lr, beta1, beta2, eps = -node.kwargs.get("alpha", 1), term.args[5], term.args[6], term.args[7]
+        with graph.inserting_before(node):
+            fused = graph.call_function(_fused_adam_step_, (weight, grad, m, v, step, lr, beta1, beta2, eps))
+        fused.meta.update(node.meta)
+        node.replace_all_uses_with(fused)
+        for dead in (node, term, v_node, m_node):
+            graph.erase_node(dead)
+        changed = True
+    return changed
+
+
+def _adam_step(node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node] | None:
+    """(updater, first-moment node, second-moment node) when ``node`` ends a fusable Adam step."""
+    if not _is_update(node):
+        return None
+    term = node.args[1]
+    if not (isinstance(term, fx.Node) and term.target is _adam_updater and len(term.users) == 1):
+        return None
+    m_node, v_node, w, step, wd, beta1, beta2, eps = term.args
+    if w is not None or wd is not None or step is None or not all(
+            isinstance(x, (int, float)) for x in (beta1, beta2, eps, node.kwargs.get("alpha", 1))):
+        return None
+    if not (isinstance(m_node, fx.Node) and m_node.target is _moving_average and m_node.args[2] == beta1
+            and isinstance(v_node, fx.Node) and v_node.target is _moving_average_square and v_node.args[2] == beta2
+            and m_node.args[1] is v_node.args[1] and len(m_node.users) == 1 and len(v_node.users) == 1
+            and len(step.users) == 1):
+        return None
+    tensors = [node.args[0], m_node.args[1], m_node.args[0], v_node.args[0]]
+    dtypes = {t.meta["val"].dtype for t in tensors} | {term.meta["val"].dtype}
+    if len(dtypes) != 1 or dtypes & {torch.float64}:
+        return None
+    # The moments must have no reader besides their update (it now happens at the weight update).
+    if len(m_node.args[0].users) != 1 or len(v_node.args[0].users) != 1:
+        return None
+    return term, m_node, v_node

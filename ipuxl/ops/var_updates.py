@@ -129,6 +129,20 @@ def sparse_accumulate_(t: Tensor, X: Tensor, indices: Tensor, axis: int = 0, f: 
     return emit("sparse_accumulate_", _sparse_accumulate, (t, X, indices, axis, f), modifies=t)
 
 
+def _fused_adam_step_(weight: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
+                      step: torch.Tensor, lr: float, beta1: float, beta2: float, eps: float) -> torch.Tensor:
+    """A whole bias-corrected Adam step (moments, step, update) in one ``torch._fused_adam_`` kernel.
+
+    The device rewrites ``accumulate_moving_average_``, ``accumulate_moving_average_square_``,
+    ``adam_updater`` and ``scaled_add_`` of one weight into this when nothing else reads
+    the moments in between; the kernel is the one torch.optim.Adam(fused=True) uses.
+    """
+    step.add_(1)
+    torch._fused_adam_([weight], [grad], [m], [v], [], [step], lr=lr, beta1=beta1, beta2=beta2,
+                       weight_decay=0.0, eps=eps, amsgrad=False, maximize=False)
+    return weight
+
+
 def _has_data(t: torch.Tensor) -> bool:
     """False while shapes are inferred (meta) or a graph is traced (fake tensors)."""
     from torch._subclasses.fake_tensor import FakeTensor
