@@ -25,7 +25,7 @@ from ipuxl.ir.graph import Graph
 from ipuxl.ir.ir import Ir
 from ipuxl.device.dce import eliminate_dead_code
 from ipuxl.device.fuse import fuse_adam_steps, fuse_adam_updates, fuse_matmul_updates
-from ipuxl.ir.lower import CallTarget, lower_graph
+from ipuxl.ir.lower import CallTarget, compiled_callee, lower_graph
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream
 from ipuxl.ir.tensor import Constant, Tensor, Variable
 
@@ -93,7 +93,7 @@ class Session:
 
     def _compile_callee(self, graph: Graph) -> Callable[..., tuple]:
         if graph not in self._compiled:
-            self._compiled[graph] = self._compile(graph).forward
+            self._compiled[graph] = compiled_callee(graph, self._compile(graph).forward)
         return self._compiled[graph]
 
     def _stream_arguments(self) -> list[tuple[str, HostToDeviceStream | DeviceToHostStream]]:

@@ -29,7 +29,7 @@ from ipuxl.ir.graph import _identifier
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
 
-__all__ = ["CallTarget", "RepeatTarget", "lower_graph", "graph_callable"]
+__all__ = ["CallTarget", "RepeatTarget", "lower_graph", "graph_callable", "compiled_callee"]
 
 CalleeFn = Callable[["Graph"], Callable[..., Any]]
 
@@ -77,7 +77,7 @@ def graph_callable(graph: "Graph") -> Callable[..., tuple]:
 
     def callee_fn(g: "Graph") -> Callable[..., tuple]:
         if g not in cache:
-            cache[g] = lower_graph(g, callee_fn).forward
+            cache[g] = compiled_callee(g, lower_graph(g, callee_fn).forward)
         return cache[g]
 
     return callee_fn(graph)
@@ -198,8 +198,6 @@ def _lower_call(new: fx.Graph, node: fx.Node, env: dict, callee_fn: CalleeFn) ->
     fn = callee_fn(callee)
     if isinstance(target, RepeatTarget):
         fn = _named(_repeat_fn(fn, target.count, len(callee.outputs)), target.__name__)
-    else:
-        fn = _named(fn, target.__name__)
     lowered = new.call_function(fn, tuple(args))
     lowered.meta.update(node.meta)
     return lowered
@@ -220,3 +218,9 @@ def _named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     call.__name__ = call.__qualname__ = name
     call.__module__ = "ipuxl.compiled"
     return call
+
+
+def compiled_callee(graph: "Graph", forward: Callable[..., Any]) -> Callable[..., Any]:
+    """The function call sites of ``graph`` refer to: one per graph, so generated code
+    calls the same ``ipuxl_compiled_call_<graph>`` from every site."""
+    return _named(forward, _identifier(f"call_{graph.name}"))
