@@ -21,6 +21,8 @@ have no other user.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.fx as fx
 
@@ -37,46 +39,27 @@ def fuse_matmul_updates(graph: fx.Graph) -> bool:
     """Rewrite ``W.add_(mm(a, g), alpha=c)`` as ``W.addmm_(a, g, alpha=c)``; True if any changed."""
     changed = False
     for node in list(graph.nodes):
-        if not _is_update(node):
-            continue
-        grad = node.args[1]
-        if not (isinstance(grad, fx.Node) and grad.target in _MATMULS and len(grad.users) == 1):
-            continue
-        with graph.inserting_before(node):
-            fused = graph.call_function(torch.Tensor.addmm_, (node.args[0], *grad.args),
-                                        {"alpha": node.kwargs.get("alpha", 1)})
-        fused.meta.update(node.meta)
-        node.replace_all_uses_with(fused)
-        graph.erase_node(node)
-        graph.erase_node(grad)
-        changed = True
+        grad = _update_term(node, _MATMULS)
+        if grad is not None:
+            _replace(graph, node, torch.Tensor.addmm_, (node.args[0], *grad.args),
+                     {"alpha": node.kwargs.get("alpha", 1)}, dead=(grad,))
+            changed = True
     return changed
-
-
-def _is_update(node: fx.Node) -> bool:
-    return (node.op == "call_function" and node.target is torch.Tensor.add_ and len(node.args) == 2
-            and set(node.kwargs) <= {"alpha"})
 
 
 def fuse_adam_updates(graph: fx.Graph) -> bool:
     """Rewrite ``W.add_(adam_updater(m, v, None, step, None, b1, b2, eps), alpha=c)`` as one fused update."""
     changed = False
     for node in list(graph.nodes):
-        if not _is_update(node):
+        term = _update_term(node, (_adam_updater,))
+        if term is None:
             continue
-        term = node.args[1]
-        if not (isinstance(term, fx.Node) and term.target is _adam_updater and len(term.users) == 1):
-            continue
-        m, v, w, step, wd, beta1, beta2, eps = term.args
+        m, v, _, step, wd, beta1, beta2, eps = term.args
         weight = node.args[0]
         if wd is not None or term.meta["val"].dtype != weight.meta["val"].dtype:
             continue
-        with graph.inserting_before(node):
-            fused = graph.call_function(_adam_update_, (weight, m, v, step, beta1, beta2, eps, node.kwargs.get("alpha", 1)))
-        fused.meta.update(node.meta)
-        node.replace_all_uses_with(fused)
-        graph.erase_node(node)
-        graph.erase_node(term)
+        _replace(graph, node, _adam_update_, (weight, m, v, step, beta1, beta2, eps, node.kwargs.get("alpha", 1)),
+                 {}, dead=(term,))
         changed = True
     return changed
 
@@ -89,25 +72,44 @@ def fuse_adam_steps(graph: fx.Graph) -> bool:
         if match is None:
             continue
         term, m_node, v_node = match
-        weight = node.args[0]
-        grad, (m, v), step = m_node.args[1], (m_node.args[0], v_node.args[0]), term.args[3]
+        grad, m, v, step = m_node.args[1], m_node.args[0], v_node.args[0], term.args[3]
         lr, beta1, beta2, eps = -node.kwargs.get("alpha", 1), term.args[5], term.args[6], term.args[7]
-        with graph.inserting_before(node):
-            fused = graph.call_function(_fused_adam_step_, (weight, grad, m, v, step, lr, beta1, beta2, eps))
-        fused.meta.update(node.meta)
-        node.replace_all_uses_with(fused)
-        for dead in (node, term, v_node, m_node):
-            graph.erase_node(dead)
+        _replace(graph, node, _fused_adam_step_, (node.args[0], grad, m, v, step, lr, beta1, beta2, eps), {},
+                 dead=(term, v_node, m_node))
         changed = True
     return changed
 
 
-def _adam_step(node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node] | None:
-    """(updater, first-moment node, second-moment node) when ``node`` ends a fusable Adam step."""
+def _is_update(node: fx.Node) -> bool:
+    return (node.op == "call_function" and node.target is torch.Tensor.add_ and len(node.args) == 2
+            and set(node.kwargs) <= {"alpha"})
+
+
+def _update_term(node: fx.Node, targets: tuple) -> fx.Node | None:
+    """The term ``t`` of an update ``W.add_(t, alpha=c)`` when ``t`` is one of ``targets``, used only there."""
     if not _is_update(node):
         return None
     term = node.args[1]
-    if not (isinstance(term, fx.Node) and term.target is _adam_updater and len(term.users) == 1):
+    if isinstance(term, fx.Node) and term.target in targets and len(term.users) == 1:
+        return term
+    return None
+
+
+def _replace(graph: fx.Graph, node: fx.Node, target: Any, args: tuple, kwargs: dict,
+             dead: tuple[fx.Node, ...]) -> None:
+    """Put ``target(*args, **kwargs)`` where update ``node`` was and erase it and the ``dead`` nodes."""
+    with graph.inserting_before(node):
+        fused = graph.call_function(target, args, kwargs)
+    fused.meta.update(node.meta)
+    node.replace_all_uses_with(fused)
+    for erased in (node, *dead):
+        graph.erase_node(erased)
+
+
+def _adam_step(node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node] | None:
+    """(updater, first-moment node, second-moment node) when ``node`` ends a fusable Adam step."""
+    term = _update_term(node, (_adam_updater,))
+    if term is None:
         return None
     m_node, v_node, w, step, wd, beta1, beta2, eps = term.args
     if w is not None or wd is not None or step is None or not all(

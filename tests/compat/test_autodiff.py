@@ -6,8 +6,6 @@ device ``cpu``), fed MNIST-shaped random data.
 """
 from __future__ import annotations
 
-from functools import partial
-from typing import Optional
 
 import numpy as np
 import pytest
@@ -20,44 +18,7 @@ import ipuxl.addons_compat as addons
 import ipuxl.ops as ops
 
 
-# -- seed 002 (verbatim) -----------------------------------------------------------------
-class Linear(addons.Module):
-    def __init__(self, out_features: int, bias: bool = True):
-        super().__init__()
-        self.out_features = out_features
-        self.bias = bias
-
-    def build(self, x: popxl.Tensor) -> popxl.Tensor:
-        # add a state variable to the module
-        w = self.add_variable_input(
-            "weight",
-            partial(np.random.normal, 0, 0.02, (x.shape[-1], self.out_features)),
-            x.dtype,
-        )
-        y = x @ w
-        if self.bias:
-            # add a state variable to the module
-            b = self.add_variable_input("bias", partial(np.zeros, y.shape[-1]), x.dtype)
-            y = y + b
-
-        return y
-
-
-class Net(addons.Module):
-    def __init__(self, cache: Optional[addons.GraphCache] = None):
-        super().__init__(cache=cache)
-        self.fc1 = Linear(512)
-        self.fc2 = Linear(512)
-        self.fc3 = Linear(512)
-        self.fc4 = Linear(10)
-
-    def build(self, x: popxl.Tensor):
-        x = x.reshape((-1, 28 * 28))
-        x = ops.gelu(self.fc1(x))
-        x = ops.gelu(self.fc2(x))
-        x = ops.gelu(self.fc3(x))
-        x = self.fc4(x)
-        return x
+from compat.seed002 import Net  # noqa: E402  (seed 002, verbatim)
 
 
 def train_program(batch_size, device, learning_rate):
