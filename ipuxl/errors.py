@@ -14,12 +14,16 @@ __all__ = [
     "ShapeMismatchError",
     "InvalidArgumentError",
     "NameConflictError",
+    "TraceError",
     "PassError",
     "AutodiffError",
     "DeviceError",
     "StreamInputError",
     "DetachedError",
+    "BatchSizeError",
     "DataError",
+    "OptionsError",
+    "FrozenOptionsError",
 ]
 
 
@@ -57,6 +61,11 @@ class NameConflictError(CaptureError, ValueError):
     """A name is used twice where names must be unique (variable inputs, tree keys)."""
 
 
+class TraceError(CaptureError, RuntimeError):
+    """An ``nn.Module`` could not be traced into a graph (data-dependent control flow,
+    ``.item()``, an op without a tracing rule, a model without a loss...)."""
+
+
 # -- passes -----------------------------------------------------------------------
 class PassError(IpuxlError):
     """A graph transformation could not be applied."""
@@ -77,6 +86,20 @@ class StreamInputError(DeviceError, ValueError):
 
 class DetachedError(DeviceError):
     """The session was used while not attached to its device."""
+
+
+class BatchSizeError(StreamInputError):
+    """A PopTorch-style batch does not split into micro-batches x device iterations
+    x gradient accumulation x replicas."""
+
+
+# -- options ------------------------------------------------------------------------
+class OptionsError(IpuxlError, ValueError):
+    """A PopTorch-style ``Options`` value is invalid."""
+
+
+class FrozenOptionsError(OptionsError, AttributeError):
+    """``Options`` were changed after a model had been compiled with them."""
 
 
 # -- data -------------------------------------------------------------------------

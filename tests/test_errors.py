@@ -17,7 +17,8 @@ import ipuxl.ops as ops
 from ipuxl import errors, transforms
 from ipuxl.errors import (
     AutodiffError, CaptureError, DataError, DetachedError, DeviceError, GraphContextError, InvalidArgumentError,
-    IpuxlError, NameConflictError, PassError, ShapeMismatchError, StreamInputError,
+    IpuxlError, NameConflictError, PassError, ShapeMismatchError, StreamInputError, TraceError, BatchSizeError,
+    OptionsError, FrozenOptionsError,
 )
 
 F32 = ipuxl.float32
@@ -36,6 +37,10 @@ HIERARCHY = [
     (StreamInputError, DeviceError, (ValueError, RuntimeError)),
     (DetachedError, DeviceError, (RuntimeError,)),
     (DataError, IpuxlError, (FileNotFoundError,)),
+    (TraceError, CaptureError, (RuntimeError,)),
+    (BatchSizeError, StreamInputError, (ValueError, RuntimeError)),
+    (OptionsError, IpuxlError, (ValueError,)),
+    (FrozenOptionsError, OptionsError, (ValueError, AttributeError)),
 ]
 
 

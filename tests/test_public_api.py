@@ -1,4 +1,5 @@
-"""Pins the public surface: ``__all__`` of ``ipuxl``, ``ipuxl.ops`` and ``ipuxl.transforms``.
+"""Pins the public surface: ``__all__`` of ``ipuxl``, ``ipuxl.ops``, ``ipuxl.optim``, ``ipuxl.transforms``
+and ``ipuxl.addons_compat``.
 
 A change here is an API change: update the lists on purpose, never to make a test pass.
 """
@@ -11,14 +12,16 @@ import pytest
 import ipuxl
 import ipuxl.ops
 import ipuxl.addons_compat
+import ipuxl.optim
 import ipuxl.transforms
 
 IPUXL = [
-    "Constant", "DeviceToHostStream", "Graph", "HostToDeviceStream", "Ir", "Module", "Session", "Tensor",
+    "AnchorMode", "Constant", "DataLoader", "DataLoaderMode", "DeviceToHostStream", "Graph",
+    "HostToDeviceStream", "Ir", "Module", "Options", "OutputMode", "PoplarExecutor", "Session", "Tensor",
     "TensorByRef", "TensorSpec", "Variable", "__version__", "bfloat16", "bool", "constant", "create_seeds",
     "d2h_stream", "dtype", "dtypes", "errors", "float16", "float32", "float64", "gcg", "get_current_graph",
-    "graph_input", "h2d_stream", "in_sequence", "int16", "int32", "int64", "int8", "ops", "transforms",
-    "uint32", "uint8", "variable",
+    "graph_input", "h2d_stream", "identity_loss", "in_sequence", "inferenceModel", "int16", "int32", "int64",
+    "int8", "ops", "optim", "trainingModel", "transforms", "uint32", "uint8", "variable",
 ]
 
 OPS = [
@@ -42,7 +45,12 @@ ADDONS = [
     "autodiff", "autodiff_with_accumulation", "layers", "ops", "to_mapping",
 ]
 
-MODULES = [(ipuxl, IPUXL), (ipuxl.ops, OPS), (ipuxl.transforms, TRANSFORMS), (ipuxl.addons_compat, ADDONS)]
+OPTIM = [
+    "Adam", "AdamUpdate", "AdamW", "AdamWUpdate", "LAMB", "LAMBUpdate", "RMSprop", "RMSpropUpdate", "SGD",
+    "SGDUpdate", "apply_optimizer", "rules",
+]
+
+MODULES = [(ipuxl, IPUXL), (ipuxl.optim, OPTIM), (ipuxl.ops, OPS), (ipuxl.transforms, TRANSFORMS), (ipuxl.addons_compat, ADDONS)]
 
 
 @pytest.mark.parametrize("module, expected", MODULES, ids=lambda v: getattr(v, "__name__", None))

@@ -10,7 +10,7 @@ import contextlib
 import functools
 import os
 import sys
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import torch
 
@@ -30,6 +30,7 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # torch frames appear when ipuxl calls back through torch utilities (pytree maps).
 _SKIP_PREFIXES = (_PACKAGE_DIR + os.sep, os.path.abspath(contextlib.__file__),
                   os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+_STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
 
 
 def gcg() -> "Graph":
@@ -99,3 +100,15 @@ def user_source_line() -> str | None:
             return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
         frame = frame.f_back
     return None
+
+
+def traceback_source_line(tb: Any) -> str | None:
+    """``file:line in function`` of the innermost user frame of a traceback (an
+    exception raised while tracing a user's module: the line of their ``forward``)."""
+    found = None
+    while tb is not None:
+        filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if not filename.startswith(_SKIP_PREFIXES) and not filename.startswith(_STDLIB_DIR):
+            found = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno} in {tb.tb_frame.f_code.co_name}"
+        tb = tb.tb_next
+    return found

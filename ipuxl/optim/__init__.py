@@ -4,8 +4,14 @@
 * ``SGDUpdate``, ``AdamUpdate``, ``AdamWUpdate``, ``LAMBUpdate``, ``RMSpropUpdate``:
   popxl.addons-style Modules applying a rule to one weight with its state.
 * ``apply_optimizer``: one optimiser over every variable of a NamedTensors.
+* ``SGD``, ``Adam``, ``AdamW``, ``RMSprop``, ``LAMB``: PopTorch-style optimisers,
+  ``torch.optim``-compatible (eager ``step()`` included) plus PopTorch's extras
+  (``loss_scaling``, accumulator dtypes...); ``trainingModel`` compiles them into
+  the same rules (``translate``).
 """
 from ipuxl.optim import rules
 from ipuxl.optim.modules import AdamUpdate, AdamWUpdate, LAMBUpdate, RMSpropUpdate, SGDUpdate, apply_optimizer
+from ipuxl.optim.torch_style import LAMB, SGD, Adam, AdamW, RMSprop
 
-__all__ = ["rules", "AdamUpdate", "AdamWUpdate", "LAMBUpdate", "RMSpropUpdate", "SGDUpdate", "apply_optimizer"]
+__all__ = ["rules", "AdamUpdate", "AdamWUpdate", "LAMBUpdate", "RMSpropUpdate", "SGDUpdate", "apply_optimizer",
+           "SGD", "Adam", "AdamW", "RMSprop", "LAMB"]

@@ -19,8 +19,6 @@ Algorithm:
 """
 from __future__ import annotations
 
-import operator
-
 from typing import Any, Sequence
 
 import torch
@@ -30,6 +28,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from ipuxl.errors import AutodiffError
 from ipuxl.ir.context import user_source_line
+from ipuxl.ir.fx_import import copy_fx_body
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.lower import graph_callable
 from ipuxl.ir.tensor import Tensor
@@ -173,7 +172,7 @@ def _rewrite_forward(graph: Graph, fw: fx.GraphModule, n_fwd: int) -> list[tuple
         env[node] = fresh
         handle._node = fresh
         handles[fresh] = handle
-    _copy_body(fw, new, env, graph.constants, graph.ir)
+    copy_fx_body(fw, new, env, graph.constants, graph.ir)
     outputs = list(fw.graph.output_node().args[0])
     graph.fx = new
     graph._handles = handles
@@ -204,38 +203,6 @@ def _saved_tensor(graph: Graph, node: fx.Node) -> Tensor:
     return tensor
 
 
-def _copy_body(source: fx.GraphModule, new: fx.Graph, env: dict[fx.Node, fx.Node],
-               constants: dict[str, torch.Tensor], ir: Any) -> None:
-    for node in source.graph.nodes:
-        if node.op in ("placeholder", "output"):
-            continue
-        copied = new.node_copy(node, lambda n: env[n])
-        copied.meta["val"] = _to_meta(node.meta.get("val"))
-        if node.op == "call_function" and node.target is not operator.getitem:
-            copied.meta["ipuxl_op_id"] = ir._next_op_id()
-        if _returns_view(node.target) and copied.all_input_nodes:
-            copied.meta["ipuxl_view_of"] = copied.all_input_nodes[0]
-        if node.op == "get_attr":
-            constants[node.target] = getattr(source, node.target)
-        env[node] = copied
-
-
-def _returns_view(target: Any) -> bool:
-    """True for aten ops whose result aliases their first input (view, t, expand...)."""
-    if not isinstance(target, torch._ops.OpOverload):
-        return False
-    returns = target._schema.returns
-    return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
-
-
-def _to_meta(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return torch.empty(value.shape, dtype=value.dtype, device="meta")
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to_meta(v) for v in value)
-    return value
-
-
 # -- step 5: grad graph -------------------------------------------------------------------------------
 def _build_grad_graph(graph: Graph, bw: fx.GraphModule, provided: list[Tensor],
                       saved: list[tuple[str, Tensor]], required: list[Tensor]) -> Graph:
@@ -249,7 +216,7 @@ def _build_grad_graph(graph: Graph, bw: fx.GraphModule, provided: list[Tensor],
     for name, t in saved:
         handle = grad._add_input(t.spec, t.name)
         env[placeholders[name]] = handle.node
-    _copy_body(bw, grad.fx, env, grad.constants, graph.ir)
+    copy_fx_body(bw, grad.fx, env, grad.constants, graph.ir)
     outputs = []
     for node, fwd_input in zip(bw.graph.output_node().args[0], required):
         out = env[node]

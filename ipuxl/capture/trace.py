@@ -1,0 +1,362 @@
+"""Capture an ``nn.Module`` (PopTorch style) into an IR graph with torch.fx.
+
+``trace_module`` runs the module once on fake tensors under ``make_fx``: every aten
+op it executes becomes one fx node, so any module that traces works, not a fixed
+list of layers. The traced function is ``functional_call(module, params, buffers,
+inputs)`` under ``torch.func.functionalize``, so
+
+* parameters and buffers are *inputs* of the graph (the caller binds them to
+  variables), and
+* in-place updates of buffers (BatchNorm's running statistics) become *extra
+  outputs* holding the new values, which the caller writes back to the variables.
+
+Randomness is made a pure function of a seed input, as in PopXL: ``F.dropout``
+(and ``dropout1d/2d/3d``) is replaced while tracing by a mask from the seeded
+``ipuxl::dropout_mask`` op, the k-th dropout of the module getting seed
+``modify_seed(seed, k)``. Other random ops are refused (they would draw from
+torch's global generator and not be reproducible under ``Options.randomSeed``).
+
+The loss is found as PopTorch finds it: the output produced by a torch loss
+function (``F.cross_entropy``, ``nn.MSELoss``...) or marked with
+``ipuxl.identity_loss``; failing that, the single scalar float output.
+
+``graph_from_trace`` then copies the traced fx body into an ``Ir`` subgraph
+(inputs: user inputs, parameters, buffers, seed; outputs: user outputs flattened,
+then new buffer values), ready for ``transforms.autodiff`` and ``ops.call``.
+"""
+from __future__ import annotations
+
+import inspect
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch._decomp import get_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+
+import ipuxl.ops.random  # noqa: F401  (registers the ipuxl::* random custom ops)
+from ipuxl.errors import TraceError
+from ipuxl.ir.context import traceback_source_line, user_source_line
+from ipuxl.ir.fx_import import copy_fx_body
+from ipuxl.ir.tensor import TensorSpec
+
+__all__ = ["TracedModule", "trace_module", "graph_from_trace", "identity_loss", "SEED_SHAPE"]
+
+SEED_SHAPE, SEED_DTYPE = (2,), torch.int64
+
+_aten = torch.ops.aten
+# BatchNorm's aten kernel mutates its running statistics without declaring it, so
+# functionalize cannot see the update; its decomposition updates them visibly.
+_DECOMPOSITIONS = get_decompositions([_aten.native_batch_norm.default])
+
+_LOSS_FUNCTIONS = frozenset(
+    getattr(F, name) for name in dir(F)
+    if name.endswith("_loss") or name in ("cross_entropy", "binary_cross_entropy",
+                                          "binary_cross_entropy_with_logits", "kl_div"))
+_DROPOUTS = {F.dropout: 0, F.dropout1d: 1, F.dropout2d: 2, F.dropout3d: 3}
+_RANDOM_OPS = ("rand", "randn", "randint", "randperm", "bernoulli", "normal", "uniform", "multinomial",
+               "exponential", "geometric", "cauchy", "log_normal", "native_dropout", "poisson", "rrelu")
+
+_state = threading.local()
+
+
+def identity_loss(x: torch.Tensor, reduction: str = "none") -> torch.Tensor:
+    """Mark ``x`` as the loss to differentiate (PopTorch's ``identity_loss``).
+
+    Args:
+        x: the loss, or per-sample losses to reduce.
+        reduction: ``"sum"``, ``"mean"`` or ``"none"`` (``x`` is already the loss).
+
+    Eagerly (outside a traced model) it just returns the reduced ``x``.
+    """
+    if reduction not in ("sum", "mean", "none"):
+        raise TraceError(f"identity_loss: reduction must be 'sum', 'mean' or 'none', got {reduction!r}",
+                         where=user_source_line(), fix="pass reduction='mean' (or 'sum' / 'none')")
+    out = x.sum() if reduction == "sum" else x.mean() if reduction == "mean" else x
+    marks = getattr(_state, "marked", None)
+    if marks is not None:
+        marks.append(out)
+    return out
+
+
+@dataclass
+class TracedModule:
+    """The fx graph of one module call and how its inputs and outputs map back.
+
+    Graph inputs, in order: ``inputs`` (tensor leaves of the call's arguments),
+    ``params``, ``buffers``, then the seed when ``uses_seed``. Graph outputs: the
+    user's output leaves (``out_spec`` rebuilds the structure), then the new values
+    of ``mutated`` parameters/buffers.
+    """
+
+    gm: fx.GraphModule
+    name: str
+    input_names: list[str]
+    input_specs: list[TensorSpec]
+    params: list[str]
+    buffers: list[str]
+    uses_seed: bool
+    out_spec: Any
+    output_specs: list[TensorSpec]
+    loss_index: int | None
+    mutated: list[str] = field(default_factory=list)
+    # the non-tensor leaves of the call, part of the program (a change means a new trace)
+    static_args: tuple = ()
+
+    @property
+    def n_outputs(self) -> int:
+        return len(self.output_specs)
+
+
+class _CaptureMode(TorchFunctionMode):
+    """Seeds dropout and records which tensors came out of loss functions."""
+
+    def __init__(self, seed: torch.Tensor, module_name: str):
+        super().__init__()
+        self.seed = seed
+        self.n_dropouts = 0
+        self.losses: list[torch.Tensor] = []
+        self.module_name = module_name
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _DROPOUTS:
+            return self._dropout(func, args, kwargs)
+        out = func(*args, **kwargs)
+        if func in _LOSS_FUNCTIONS:
+            self.losses.append(out)
+        return out
+
+    def _dropout(self, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
+        bound = inspect.signature(func).bind(*args, **kwargs)
+        bound.apply_defaults()
+        x, p, training = bound.arguments["input"], float(bound.arguments["p"]), bound.arguments["training"]
+        if not training or p == 0.0:
+            return x
+        if p == 1.0:
+            return x * 0.0
+        self.n_dropouts += 1
+        seed = torch.ops.ipuxl.modify_seed(self.seed, self.n_dropouts)
+        feature_dims = _DROPOUTS[func]
+        shape = list(x.shape) if feature_dims == 0 else list(x.shape[:-feature_dims]) + [1] * feature_dims
+        out = x * torch.ops.ipuxl.dropout_mask(seed, shape, p, x.dtype)
+        if bound.arguments.get("inplace"):
+            x.copy_(out)
+            return x
+        return out
+
+
+def trace_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = None, *,
+                 training: bool, need_loss: bool) -> TracedModule:
+    """Trace ``module(*args, **kwargs)`` (see the module docstring).
+
+    Args:
+        training: trace in training mode (dropout on, BatchNorm batch statistics)
+            or in eval mode; the module's own flags are restored afterwards.
+        need_loss: find the loss output (``TraceError`` when there is none).
+    """
+    name = type(module).__name__
+    kwargs = dict(kwargs or {})
+    try:
+        bound = inspect.signature(module.forward).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TraceError(f"cannot call {name}.forward with the given inputs: {exc}", where=user_source_line(),
+                         fix=f"pass the arguments {name}.forward takes") from None
+    arg_names = list(bound.arguments)
+    leaves, in_spec = pytree.tree_flatten((tuple(bound.args), dict(bound.kwargs)))
+    tensor_pos = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    input_names = _input_names(bound, arg_names)
+    params = dict(module.named_parameters())
+    buffers = dict(module.named_buffers())
+    p_names, b_names = list(params), list(buffers)
+    record: dict[str, Any] = {}
+
+    def fn(inputs: list[torch.Tensor], p_vals: list[torch.Tensor], b_vals: list[torch.Tensor],
+           seed: torch.Tensor) -> list[torch.Tensor]:
+        call_leaves = list(leaves)
+        for pos, value in zip(tensor_pos, inputs):
+            call_leaves[pos] = value
+        call_args, call_kwargs = pytree.tree_unflatten(call_leaves, in_spec)
+        mode = _CaptureMode(seed, name)
+        _state.marked = []
+        try:
+            with mode:
+                out = torch.func.functional_call(module, {**dict(zip(p_names, p_vals)), **dict(zip(b_names, b_vals))},
+                                                 call_args, call_kwargs, tie_weights=True, strict=False)
+            marked = list(_state.marked)
+        finally:
+            _state.marked = None
+        flat, out_spec = pytree.tree_flatten(out)
+        bad = [type(v).__name__ for v in flat if not isinstance(v, torch.Tensor)]
+        if bad:
+            raise TraceError(f"{name}.forward returned non-tensor values ({', '.join(bad)})",
+                             where=_forward_source(module),
+                             fix="return tensors (or tuples/lists/dicts of tensors) from forward")
+        record.update(out_spec=out_spec, n_dropouts=mode.n_dropouts,
+                      loss_index=_find_loss(flat, marked, mode.losses) if need_loss else None)
+        return flat
+
+    example = [leaves[i] for i in tensor_pos]
+    flags = {m: m.training for m in module.modules()}
+    module.train(training)
+    try:
+        gm = make_fx(torch.func.functionalize(fn, remove="mutations"), tracing_mode="fake",
+                     decomposition_table=_DECOMPOSITIONS)(
+            [t.detach() for t in example], [p.detach() for p in params.values()],
+            [b.detach() for b in buffers.values()], torch.zeros(SEED_SHAPE, dtype=SEED_DTYPE))
+    except TraceError:
+        raise
+    except Exception as exc:  # torch raises many kinds while tracing; all mean "cannot capture this"
+        raise _trace_error(name, exc) from None
+    finally:
+        for m, flag in flags.items():
+            m.training = flag
+    mutated = _extract_mutations(gm, len(example), p_names + b_names)
+    _refuse_random_ops(gm, name, module)
+    out_vals = [n.meta["val"] for n in gm.graph.output_node().args[0]]
+    n_user = len(out_vals) - len(mutated)
+    traced = TracedModule(
+        gm=gm, name=name, input_names=input_names,
+        input_specs=[TensorSpec(tuple(t.shape), t.dtype) for t in example], params=p_names, buffers=b_names,
+        uses_seed=record["n_dropouts"] > 0, out_spec=record["out_spec"],
+        output_specs=[TensorSpec(tuple(v.shape), v.dtype) for v in out_vals[:n_user]],
+        loss_index=record["loss_index"], mutated=mutated,
+        static_args=tuple((i, _static_key(leaf)) for i, leaf in enumerate(leaves) if i not in tensor_pos))
+    if need_loss:
+        _check_loss(traced, module)
+    return traced
+
+
+def _input_names(bound: inspect.BoundArguments, arg_names: list[str]) -> list[str]:
+    names = []
+    for key, value in bound.arguments.items():
+        leaves = pytree.tree_leaves(value)
+        tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        if len(tensors) == 1 and isinstance(value, torch.Tensor):
+            names.append(key)
+        else:
+            names.extend(f"{key}.{k}" for k in range(len(tensors)))
+    return names
+
+
+def _static_key(value: Any) -> Any:
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return repr(value)
+
+
+def _find_loss(flat: list[torch.Tensor], marked: list[torch.Tensor], losses: list[torch.Tensor]) -> int | None:
+    for group in (marked, losses):
+        hits = [i for i, v in enumerate(flat) if any(v is m for m in group)]
+        if hits:
+            return hits[-1] if len(hits) == 1 else -len(hits)  # negative: ambiguous
+    scalars = [i for i, v in enumerate(flat) if v.dim() == 0 and v.dtype.is_floating_point]
+    return scalars[0] if len(scalars) == 1 else (None if not scalars else -len(scalars))
+
+
+def _check_loss(traced: TracedModule, module: torch.nn.Module) -> None:
+    index = traced.loss_index
+    shapes = [s.shape for s in traced.output_specs]
+    if index is None:
+        raise TraceError(
+            f"training model {traced.name} returns no loss (outputs of shapes {shapes})",
+            where=_forward_source(module),
+            fix="return the loss from forward, e.g. `return output, loss` with loss from a torch loss "
+                "function, or wrap a custom loss with ipuxl.identity_loss(loss, reduction='mean'); "
+                "or pass loss=torch.nn.CrossEntropyLoss() to trainingModel")
+    if index < 0:
+        raise TraceError(
+            f"training model {traced.name} returns {-index} tensors that could each be the loss "
+            f"(outputs of shapes {shapes})", where=_forward_source(module),
+            fix="mark the one to minimise with ipuxl.identity_loss(loss, reduction='none')")
+    spec = traced.output_specs[index]
+    if spec.shape != () or not spec.dtype.is_floating_point:
+        raise TraceError(
+            f"the loss of {traced.name} (output {index}) must be a float scalar, got shape {spec.shape} "
+            f"{spec.dtype}", where=_forward_source(module),
+            fix="reduce it, e.g. ipuxl.identity_loss(loss, reduction='mean')")
+
+
+def _forward_source(module: torch.nn.Module) -> str | None:
+    try:
+        fn = type(module).forward
+        return f"{inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]} in {type(module).__name__}.forward"
+    except (OSError, TypeError):
+        return None
+
+
+def _trace_error(name: str, exc: Exception) -> TraceError:
+    text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    kind = type(exc).__name__ + " " + str(exc)
+    if any(k in kind for k in ("DataDependent", "data-dependent", "data dependent", "GuardOnDataDependent",
+                               "item()", "Could not guard", "_local_scalar_dense")):
+        fix = ("tensor values are not known while capturing: replace Python control flow on tensor values "
+               "and .item()/.tolist()/bool(tensor) by tensor ops (torch.where, masks), or do that work on the host")
+    else:
+        fix = "rewrite that line with standard torch ops; this op or construct cannot be captured by torch.fx"
+    return TraceError(f"cannot capture module {name} with torch.fx: {text}",
+                      where=traceback_source_line(exc.__traceback__), fix=fix)
+
+
+def _extract_mutations(gm: fx.GraphModule, n_inputs: int, state_names: list[str]) -> list[str]:
+    """Turn functionalize's trailing ``copy_(param_or_buffer, new)`` into extra outputs."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    state_nodes = {node: state_names[i] for i, node in enumerate(placeholders[n_inputs:n_inputs + len(state_names)])}
+    output = gm.graph.output_node()
+    outs = list(output.args[0])
+    mutated = []
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is _aten.copy_.default:
+            dst, src = node.args
+            if dst in state_nodes:
+                mutated.append(state_nodes[dst])
+                outs.append(src)
+                gm.graph.erase_node(node)
+            elif dst in placeholders[:n_inputs]:
+                gm.graph.erase_node(node)  # writes to the call's own inputs are not visible to the host
+    output.args = (outs,)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return mutated
+
+
+def _refuse_random_ops(gm: fx.GraphModule, name: str, module: torch.nn.Module) -> None:
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            op = node.target._schema.name.split("::")[-1].rstrip("_")
+            if node.target.namespace == "aten" and any(op == r or op.startswith(r + "_") for r in _RANDOM_OPS):
+                raise TraceError(
+                    f"module {name} uses the random op aten.{op}, which would not be reproducible on the device",
+                    where=_forward_source(module),
+                    fix="use nn.Dropout / F.dropout (seeded by ipuxl from Options.randomSeed), or generate the "
+                        "random values on the host and pass them as an input")
+
+
+def graph_from_trace(ir: Any, traced: TracedModule) -> Any:
+    """A new subgraph of ``ir`` computing ``traced`` (see ``TracedModule`` for the interface)."""
+    graph = ir._new_graph(traced.name)
+    placeholders = [n for n in traced.gm.graph.nodes if n.op == "placeholder"]
+    names = traced.input_names + traced.params + traced.buffers + ["seed"]
+    env: dict[fx.Node, fx.Node] = {}
+    for node, input_name in zip(placeholders, names):
+        if input_name == "seed" and not traced.uses_seed:
+            continue
+        val = node.meta["val"]
+        env[node] = graph._add_input(TensorSpec(tuple(val.shape), val.dtype), input_name).node
+    copy_fx_body(traced.gm, graph.fx, env, graph.constants, ir)
+    out_names = [f"output{i}" for i in range(traced.n_outputs)] + [f"{m}.new" for m in traced.mutated]
+    outputs = []
+    for node, out_name in zip(traced.gm.graph.output_node().args[0], out_names):
+        new = env[node]
+        if new.op != "placeholder":
+            new.meta["ipuxl_name"] = out_name
+        outputs.append(graph.wrap(new))
+    graph._set_outputs(outputs)
+    return graph

@@ -1,0 +1,50 @@
+"""Import the body of a make_fx (aten-level) GraphModule into an IR graph.
+
+Used by ``transforms.autodiff`` (the partitioned forward and backward) and by module
+capture (``capture.trace``): each node is copied with a meta tensor value, a fresh op
+id and, for aten ops that return a view of their input, the ``ipuxl_view_of`` record
+that lowering needs to keep PopXL's value semantics.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+__all__ = ["copy_fx_body", "to_meta"]
+
+
+def copy_fx_body(source: fx.GraphModule, new: fx.Graph, env: dict[fx.Node, fx.Node],
+                 constants: dict[str, torch.Tensor], ir: Any) -> None:
+    """Copy every op of ``source`` into ``new``; ``env`` maps source nodes (placeholders
+    already bound) to new nodes and is filled in; constants land in ``constants``."""
+    for node in source.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        copied = new.node_copy(node, lambda n: env[n])
+        copied.meta["val"] = to_meta(node.meta.get("val"))
+        if node.op == "call_function" and node.target is not operator.getitem:
+            copied.meta["ipuxl_op_id"] = ir._next_op_id()
+        if _returns_view(node.target) and copied.all_input_nodes:
+            copied.meta["ipuxl_view_of"] = copied.all_input_nodes[0]
+        if node.op == "get_attr":
+            constants[node.target] = getattr(source, node.target)
+        env[node] = copied
+
+
+def _returns_view(target: Any) -> bool:
+    """True for aten ops whose result aliases their first input (view, t, expand...)."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    returns = target._schema.returns
+    return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
+
+
+def to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.empty(value.shape, dtype=value.dtype, device="meta")
+    if isinstance(value, (tuple, list)):
+        return type(value)(to_meta(v) for v in value)
+    return value

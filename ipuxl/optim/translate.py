@@ -1,0 +1,304 @@
+"""From a ``torch.optim`` optimiser to per-parameter update plans for ``ipuxl.optim.rules``.
+
+``translate(optimizer, names)`` reads every param group of a ``torch.optim.SGD``,
+``Adam``, ``AdamW`` or ``RMSprop`` (or an ``ipuxl.optim`` PopTorch-style ``SGD``,
+``Adam``, ``AdamW``, ``RMSprop``, ``LAMB`` with their extras) and returns one
+:class:`ParamPlan` per parameter: the rule, its numeric hyperparameters and structural
+flags by the rules' keyword names, the dtypes of its states and the loss scaling.
+``initial_state`` / ``write_state`` move optimiser state between ``optimizer.state``
+(torch's names and dtypes) and the rules' state tensors, so that "some eager steps,
+then device steps, then eager steps" trains exactly like "all steps eager".
+
+State names (rules <- torch): ``first_order`` <- ``exp_avg``, ``second_order`` <-
+``exp_avg_sq``, ``max_second_order`` <- ``max_exp_avg_sq``, ``step`` <- ``step``
+(float32 scalar), ``momentum_buffer``, ``square_avg``, ``grad_avg`` <- the same names.
+SGD's ``step`` (the rules' first-step flag, needed with a non-zero dampening) has no
+torch counterpart: it is 1 when torch holds a momentum buffer, else 0.
+
+The compiler applies ``loss_scaling`` by using ``grad / loss_scaling`` as the gradient.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from ipuxl.errors import InvalidArgumentError
+from ipuxl.ir.context import user_source_line
+from ipuxl.optim import torch_style
+from ipuxl.optim.rules import StateSpec, state_specs
+from ipuxl.optim.torch_style import LAMB_MAX_WEIGHT_NORM, TORCH_STATE_NAMES, explicit_state_dtypes, scalar_dtype
+
+__all__ = ["ParamPlan", "translate", "initial_state", "write_state", "SUPPORTED"]
+
+# supported optimiser class -> rule (the most derived match wins; see _rule_of)
+SUPPORTED: dict[type, str] = {
+    torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adam", torch.optim.RMSprop: "rmsprop",
+    torch_style.SGD: "sgd", torch_style.Adam: "adam", torch_style.AdamW: "adam", torch_style.RMSprop: "rmsprop",
+    torch_style.LAMB: "lamb",
+}
+_HYPERS = {"sgd": ("lr", "momentum", "dampening", "weight_decay"),
+           "adam": ("lr", "beta1", "beta2", "eps", "weight_decay"),
+           "lamb": ("lr", "beta1", "beta2", "eps", "weight_decay", "max_weight_norm"),
+           "rmsprop": ("lr", "alpha", "eps", "weight_decay", "momentum")}
+_FLAGS = {"sgd": ("nesterov",), "adam": ("amsgrad", "bias_correction", "decoupled_weight_decay"),
+          "lamb": ("bias_correction",), "rmsprop": ("centered",)}
+
+
+@dataclass(frozen=True)
+class ParamPlan:
+    """How one parameter is updated: a rule of ``ipuxl.optim.rules`` and its options.
+
+    Attributes:
+        name: the parameter's name in the model.
+        group: index of its param group in ``optimizer.param_groups``.
+        rule: ``"sgd"``, ``"adam"`` (AdamW: ``flags["decoupled_weight_decay"]``),
+            ``"lamb"`` or ``"rmsprop"``.
+        hypers: numeric hyperparameters by the rule's keyword names (Python floats).
+        flags: structural options by the rule's keyword names.
+        state_dtypes: ``<state>_dtype`` options for ``rules.state_specs``, only for the
+            states this plan uses whose dtype is not the parameter's.
+        loss_scaling: the gradient the rule gets is ``grad / loss_scaling``.
+        grad_accum_dtype: dtype for accumulating this parameter's gradient over
+            micro-batches (PopTorch's ``accum_type``); ``None``: the parameter's dtype.
+    """
+
+    name: str
+    group: int
+    rule: str
+    hypers: dict[str, float]
+    flags: dict[str, bool]
+    state_dtypes: dict[str, torch.dtype] = field(default_factory=dict)
+    loss_scaling: float = 1.0
+    grad_accum_dtype: torch.dtype | None = None
+
+    def structure_key(self) -> tuple:
+        """Hashable; equal for two plans iff a program built for one runs the other by only
+        changing hyperparameter values (streamed/variable hyperparameters).
+
+        It holds the rule, the flags, the state dtypes, which hyperparameters are exactly
+        0 (a 0 switches a part of the rule off), whether there is loss scaling at all and
+        the gradient accumulation dtype. It does not hold the parameter's name, shape or
+        dtype: compare plans of the same parameter (or add those yourself).
+        """
+        return (self.rule,
+                tuple(sorted(self.flags.items())),
+                tuple(sorted((k, str(v)) for k, v in self.state_dtypes.items())),
+                tuple(sorted(self.hypers)),
+                tuple(sorted(k for k, v in self.hypers.items() if v == 0)),
+                self.loss_scaling != 1.0,
+                str(self.grad_accum_dtype))
+
+    def __hash__(self) -> int:  # consistent with the generated __eq__ (the dict fields are not hashable)
+        return hash((self.name, self.group, self.structure_key(), tuple(sorted(self.hypers.items())),
+                     self.loss_scaling))
+
+    def rule_kwargs(self) -> dict[str, Any]:
+        """The rule's keyword options: ``RULES[plan.rule](w, g, **states, **plan.rule_kwargs())``."""
+        return {**self.hypers, **self.flags}
+
+    def state_specs(self, param: Any) -> dict[str, StateSpec]:
+        """``rules.state_specs`` for ``param`` (anything with ``shape`` and ``dtype``) under this plan."""
+        return state_specs(self.rule, param, **self.hypers, **self.flags, **self.state_dtypes)
+
+
+def _error(what: str, fix: str) -> InvalidArgumentError:
+    return InvalidArgumentError(what, where=user_source_line(), fix=fix)
+
+
+def _supported_list() -> str:
+    return ("torch.optim.SGD, torch.optim.Adam (decoupled_weight_decay too), torch.optim.AdamW, "
+            "torch.optim.RMSprop, and ipuxl.optim's PopTorch-style SGD, Adam, AdamW, RMSprop, LAMB")
+
+
+def _rule_of(optimizer: Any) -> str:
+    cls = type(optimizer)
+    for base in cls.__mro__:
+        if base in SUPPORTED:
+            if _own_step(cls) is _own_step(base):
+                return SUPPORTED[base]
+            raise _error(f"cannot translate a {cls.__module__}.{cls.__qualname__}: it subclasses "
+                         f"{base.__module__}.{base.__qualname__} but overrides step(), so its update is unknown",
+                         f"use one of the supported optimisers: {_supported_list()}")
+    raise _error(f"cannot translate a {cls.__module__}.{cls.__qualname__} optimiser: not supported",
+                 f"use one of the supported optimisers: {_supported_list()}")
+
+
+def _own_step(cls: type) -> Any:
+    fn = cls.step
+    while getattr(fn, "hooked", False) and hasattr(fn, "__wrapped__"):  # torch's profiling wrapper
+        fn = fn.__wrapped__
+    return fn
+
+
+def _hyper(group: dict[str, Any], gi: int, key: str, value: Any) -> float:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex():
+            raise _error(f"param group {gi}: {key} is a tensor of shape {tuple(value.shape)}; only one-element "
+                         "real tensors can be translated", f"set group['{key}'] to a Python float")
+        value = value.detach().item()
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise _error(f"param group {gi}: {key} must be a number, got {value!r}", f"set group['{key}'] to a float")
+    return float(value)
+
+
+def _group_plan(optimizer: Any, rule: str, group: dict[str, Any], gi: int) -> tuple[dict, dict, float, Any]:
+    """(hypers, flags, loss_scaling, grad_accum_dtype) of one param group."""
+    for key in ("maximize", "differentiable"):
+        if group.get(key, False):
+            raise _error(f"param group {gi}: {key}=True is not supported by ipuxl's optimisers",
+                         f"construct the optimiser with {key}=False")
+    torch_style._check_extras(f"param group {gi}", group)
+    g = {k: group[k] for k in ("lr", "momentum", "dampening", "weight_decay", "eps", "alpha") if k in group}
+    if "betas" in group:
+        beta1, beta2 = group["betas"]
+        g.update(beta1=beta1, beta2=beta2)
+    if rule == "lamb":
+        mwn = group.get("max_weight_norm", LAMB_MAX_WEIGHT_NORM)
+        g["max_weight_norm"] = LAMB_MAX_WEIGHT_NORM if mwn is None else mwn
+    missing = [k for k in _HYPERS[rule] if k not in g]
+    if missing:
+        raise _error(f"param group {gi}: missing hyperparameters {missing}", "add them to the param group")
+    hypers = {k: _hyper(group, gi, k, g[k]) for k in _HYPERS[rule]}
+    flags: dict[str, bool] = {}
+    if rule == "sgd":
+        flags["nesterov"] = bool(group.get("nesterov", False))
+        if flags["nesterov"] and (hypers["momentum"] <= 0 or hypers["dampening"] != 0):
+            raise _error(f"param group {gi}: Nesterov momentum requires a momentum and zero dampening "
+                         f"(got momentum={hypers['momentum']}, dampening={hypers['dampening']})",
+                         "set momentum > 0 and dampening=0, or nesterov=False")
+    elif rule == "adam":
+        flags["amsgrad"] = bool(group.get("amsgrad", False))
+        flags["bias_correction"] = bool(group.get("bias_correction", True))
+        flags["decoupled_weight_decay"] = bool(group.get("decoupled_weight_decay",
+                                                         isinstance(optimizer, torch.optim.AdamW)))
+    elif rule == "lamb":
+        flags["bias_correction"] = bool(group.get("bias_correction", True))
+    else:
+        flags["centered"] = bool(group.get("centered", False))
+    return hypers, flags, float(group.get("loss_scaling", 1.0)), group.get("accum_type")
+
+
+def translate(optimizer: torch.optim.Optimizer, names: Mapping[Any, str]) -> list[ParamPlan]:
+    """One :class:`ParamPlan` per parameter of ``optimizer``, group by group in its order.
+
+    Args:
+        optimizer: a supported optimiser (see ``SUPPORTED``) built from the model's
+            parameters. ``foreach``, ``fused`` and ``capturable`` are implementation
+            choices and are ignored; ``maximize`` and ``differentiable`` are refused.
+            One-element tensor hyperparameters are read as their exact values.
+        names: each model parameter (the tensor itself: tensors hash by identity) to
+            its name; a ``name -> tensor`` mapping is accepted too.
+
+    Parameters with ``requires_grad=False`` get a plan like any other; the compiler
+    skips parameters that get no gradient (as ``torch.optim`` skips ``grad is None``).
+    """
+    rule = _rule_of(optimizer)
+    by_id = {}
+    for key, value in names.items():
+        tensor, name = (value, key) if isinstance(key, str) else (key, value)
+        by_id[id(tensor)] = name
+    plans: list[ParamPlan] = []
+    seen: dict[int, int] = {}
+    for gi, group in enumerate(optimizer.param_groups):
+        hypers, flags, ls, accum = _group_plan(optimizer, rule, group, gi)
+        explicit = explicit_state_dtypes(group, rule)
+        for pi, p in enumerate(group["params"]):
+            if id(p) in seen:
+                raise _error(f"parameter {pi} of param group {gi} (shape {tuple(p.shape)}) is also in param group "
+                             f"{seen[id(p)]}", "put every parameter in exactly one param group")
+            seen[id(p)] = gi
+            if id(p) not in by_id:
+                raise _error(f"parameter {pi} of param group {gi} (shape {tuple(p.shape)}, {p.dtype}) is not a "
+                             "parameter of the model",
+                             "build the optimiser from the model's parameters (model.parameters() or "
+                             "model.named_parameters()), not from copies or other tensors")
+            if not p.is_floating_point():
+                raise _error(f"parameter '{by_id[id(p)]}' has dtype {p.dtype}; only real floating-point "
+                             "parameters can be optimised", "use float16/float32 parameters")
+            used = state_specs(rule, p, **hypers, **flags)
+            dtypes = {f"{s}_dtype": d for s, d in explicit.items() if s in used and d != p.dtype}
+            plans.append(ParamPlan(by_id[id(p)], gi, rule, dict(hypers), dict(flags), dtypes, ls,
+                                   None if accum in (None, p.dtype) else accum))
+    return plans
+
+
+# -- state ------------------------------------------------------------------------------
+def initial_state(optimizer: torch.optim.Optimizer, param: torch.Tensor, plan: ParamPlan) -> dict[str, torch.Tensor]:
+    """The optimiser's current state for ``param`` as the rules' state tensors.
+
+    ``{}`` when ``optimizer`` holds no state for ``param`` (fresh: every state starts
+    at zero). Otherwise every state of ``plan.state_specs(param)``, in its dtype
+    (new tensors; a state torch does not hold yet is zeros, SGD's ``step`` is 1 when
+    torch holds a momentum buffer, else 0, which gives torch's first-step rule).
+    """
+    torch_state = optimizer.state.get(param) if hasattr(optimizer.state, "get") else None
+    if not torch_state:
+        return {}
+    out = {}
+    for name, spec in plan.state_specs(param).items():
+        if plan.rule == "sgd" and name == "step":
+            value = 1.0 if torch_state.get("momentum_buffer") is not None else 0.0
+            out[name] = torch.tensor(value, dtype=spec.dtype)
+            continue
+        value = torch_state.get(TORCH_STATE_NAMES[name])
+        if value is None:
+            out[name] = torch.zeros(spec.shape, dtype=spec.dtype)
+            continue
+        value = torch.as_tensor(value).detach()
+        if tuple(value.shape) != tuple(spec.shape):
+            raise _error(f"optimizer state '{TORCH_STATE_NAMES[name]}' of parameter '{plan.name}' has shape "
+                         f"{tuple(value.shape)}, expected {tuple(spec.shape)}",
+                         "load a state dict that matches the model")
+        out[name] = value.to(device="cpu", dtype=spec.dtype, copy=True)
+    return out
+
+
+def write_state(optimizer: torch.optim.Optimizer, param: torch.Tensor, plan: ParamPlan,
+                states: Mapping[str, Any], *, steps_taken: int | None = None) -> None:
+    """Put the rules' ``states`` for ``param`` back into ``optimizer.state[param]``.
+
+    Torch's names are used (``exp_avg``...) and the dtypes the optimiser's own step
+    would keep: the plan's state dtype (the parameter's for ``torch.optim``), and
+    ``step`` as torch's float32 scalar. Existing tensors are updated in place. SGD's
+    ``step`` is dropped (torch.optim.SGD keeps none). Where the rule keeps no ``step``
+    but torch does (RMSprop; Adam without bias correction), torch's ``step`` is
+    advanced by ``steps_taken`` when given (created as ``steps_taken`` or 0 if missing);
+    it does not enter those updates.
+    """
+    st = optimizer.state[param]
+    for name, value in states.items():
+        if name not in TORCH_STATE_NAMES:
+            raise _error(f"write_state: unknown state '{name}' for parameter '{plan.name}'",
+                         f"use the rules' state names: {sorted(TORCH_STATE_NAMES)}")
+        if plan.rule == "sgd" and name == "step":
+            continue
+        value = torch.as_tensor(np.asarray(value) if not isinstance(value, torch.Tensor) else value).detach()
+        key = TORCH_STATE_NAMES[name]
+        if name == "step":
+            _set_step(st, float(value.reshape(()).item()))
+            continue
+        dtype = plan.state_dtypes.get(f"{name}_dtype", param.dtype)
+        if tuple(value.shape) != tuple(param.shape):
+            raise _error(f"write_state: state '{name}' for parameter '{plan.name}' has shape {tuple(value.shape)}, "
+                         f"the parameter {tuple(param.shape)}", "pass states with the parameter's shape")
+        old = st.get(key)
+        if isinstance(old, torch.Tensor) and old.dtype == dtype and old.shape == value.shape:
+            old.copy_(value)
+        else:
+            st[key] = value.to(device=param.device, dtype=dtype, copy=True)
+    if "step" not in states and plan.rule != "sgd":
+        old = st.get("step")
+        base = float(old.item() if isinstance(old, torch.Tensor) else (old or 0))
+        if steps_taken is not None or old is None:
+            _set_step(st, base + (steps_taken or 0))
+
+
+def _set_step(st: dict[str, Any], value: float) -> None:
+    old = st.get("step")
+    if isinstance(old, torch.Tensor) and old.dim() == 0:
+        old.fill_(value)
+    else:
+        st["step"] = torch.tensor(value, dtype=scalar_dtype())

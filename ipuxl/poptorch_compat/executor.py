@@ -1,0 +1,506 @@
+"""``trainingModel`` / ``inferenceModel``: PopTorch's wrappers on ipuxl's IR and device.
+
+A ``PoplarExecutor`` (upstream's class name) owns the user's module, traces it on the
+first call (``capture.trace``), builds the program (``program.build_program``) and
+runs it on a ``Session``: one call of the wrapper is one ``Session.run`` of
+``deviceIterations`` steps over the combined batch.
+
+Weight sync follows PopTorch:
+
+* the device holds its own copy of the weights; after a training call the host
+  module is stale, and is refreshed lazily the first time the user reads its
+  parameters or buffers (``model.weight``, ``parameters()``, ``state_dict()``...):
+  the wrapper swaps each submodule's class for a subclass whose accessors pull
+  the device weights first;
+* an inference model over the same parameters (e.g. the inner module of a training
+  model) picks up trained weights before each call;
+* ``copyWeightsToHost`` / ``copyWeightsToDevice`` force either direction (host
+  changes reach the device only through ``copyWeightsToDevice``).
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree
+
+from ipuxl.capture.trace import TracedModule, trace_module
+from ipuxl.device.session import Session
+from ipuxl.errors import BatchSizeError, DetachedError, InvalidArgumentError, OptionsError, TraceError
+from ipuxl.ir.context import user_source_line
+from ipuxl.optim.translate import initial_state, translate, write_state
+from ipuxl.options import Options
+from ipuxl.poptorch_compat.program import Program, build_program, optimizer_structure, reduce_outputs
+
+__all__ = ["PoplarExecutor", "trainingModel", "inferenceModel"]
+
+_LIVE: "weakref.WeakSet[PoplarExecutor]" = weakref.WeakSet()
+
+
+def trainingModel(model: torch.nn.Module, options: Options | None = None,  # noqa: N802 - PopTorch's name
+                  optimizer: torch.optim.Optimizer | None = None,
+                  loss: Callable[[Any, Any], torch.Tensor] | None = None) -> "PoplarExecutor":
+    """Wrap ``model`` for training on the device (PopTorch's ``trainingModel``).
+
+    Args:
+        model: an ``nn.Module`` whose forward returns the loss, alone or among its
+            outputs (see ``capture.trace`` for how the loss is found).
+        options: ``ipuxl.Options`` (device iterations, gradient accumulation,
+            output mode, random seed); frozen once the model is compiled.
+        optimizer: a ``torch.optim`` SGD/Adam/AdamW/RMSprop or an ``ipuxl.optim``
+            optimiser over the model's parameters (default: SGD, lr 0.01, as upstream).
+        loss: optional loss function: the model then returns only its output,
+            the last input of each call is the target, and the wrapper returns
+            ``(output, loss)``.
+    """
+    if optimizer is None and any(p.requires_grad for p in model.parameters()):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    return PoplarExecutor(model, options, training=True, optimizer=optimizer, loss=loss)
+
+
+def inferenceModel(model: torch.nn.Module, options: Options | None = None) -> "PoplarExecutor":  # noqa: N802
+    """Wrap ``model`` for inference on the device: eval mode (dropout off, BatchNorm
+    running statistics), outputs of every iteration by default (``OutputMode.All``)."""
+    return PoplarExecutor(model, options, training=False)
+
+
+class _WithLoss(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, loss: Callable[[Any, Any], torch.Tensor]):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss
+
+    def forward(self, *args: Any) -> tuple[Any, torch.Tensor]:
+        output = self.model(*args[:-1])
+        return output, self.loss_fn(output, args[-1])
+
+
+class PoplarExecutor:
+    """A module compiled for the device; call it like the module (see ``trainingModel``)."""
+
+    def __init__(self, model: torch.nn.Module, options: Options | None, *, training: bool,
+                 optimizer: torch.optim.Optimizer | None = None, loss: Callable | None = None):
+        if not isinstance(model, torch.nn.Module):
+            raise InvalidArgumentError(f"expected an nn.Module, got {type(model).__name__}",
+                                       where=user_source_line(), fix="wrap a torch.nn.Module")
+        if options is not None and not isinstance(options, Options):
+            raise InvalidArgumentError(f"options must be ipuxl.Options, got {type(options).__name__}",
+                                       where=user_source_line(), fix="pass ipuxl.Options()")
+        self._user_model = model
+        self.model = model if loss is None else _WithLoss(model, loss)
+        self.options = options if options is not None else Options()
+        self.training = training
+        self.optimizer = optimizer
+        self._names = {p: n for n, p in torch.nn.Module.named_parameters(self.model)}
+        self._plans = translate(optimizer, self._names) if training and optimizer is not None else []
+        self._program: Program | None = None
+        self._session: Session | None = None
+        self._key: tuple | None = None
+        self._attached = False
+        self._destroyed = False
+        self._device_newer = False  # device weights newer than the host module's
+        self.compile_count = 0
+        self._unsynced_steps = 0  # optimiser steps on the device not yet in the host optimiser's state
+        self._seed = _initial_seed(self.options)
+        _install_sync_hooks(self.model, self)
+        _LIVE.add(self)
+
+    # -- calling ------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._require_usable("call the model")
+        micro, stacked = self._split(args, kwargs)
+        self._ensure_program(micro)
+        if not self._attached:
+            raise DetachedError(f"the {self._kind} model is detached from its device",
+                                where=user_source_line(), fix="call model.attachToDevice() before running it")
+        self._refresh_from_trainers()
+        program = self._program
+        results = self._session.run(dict(zip(program.inputs, stacked)))
+        if self.training:
+            self._device_newer = True
+            self._unsynced_steps += self.options.device_iterations
+        return self._outputs(results)
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """Trace and compile for these inputs without running (PopTorch's ``compile``)."""
+        self._require_usable("compile the model")
+        micro, _ = self._split(args, kwargs)
+        self._ensure_program(micro)
+
+    @property
+    def _kind(self) -> str:
+        return "training" if self.training else "inference"
+
+    def _split(self, args: tuple, kwargs: dict) -> tuple[tuple, list[torch.Tensor]]:
+        """Validate the combined batch; return micro-batch example args and stream data."""
+        opts = self.options
+        factor = opts.combined_batch_factor(self.training)
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        micro_leaves, stacked = [], []
+        n = opts.device_iterations
+        for leaf in leaves:
+            if not isinstance(leaf, torch.Tensor):
+                micro_leaves.append(leaf)
+                continue
+            if leaf.dim() == 0 or leaf.shape[0] % factor:
+                got = "a scalar" if leaf.dim() == 0 else f"batch {leaf.shape[0]}"
+                size = 0 if leaf.dim() == 0 else leaf.shape[0]
+                lower, upper = (size // factor) * factor, (size // factor + 1) * factor
+                raise BatchSizeError(
+                    f"{self._kind} model input of shape {tuple(leaf.shape)}: {got} does not split into "
+                    f"{self._factors()} = {factor} parts", where=user_source_line(),
+                    fix=f"use a batch that is a multiple of {factor}"
+                        + (f" (nearest: {lower} or {upper})" if lower else f" (e.g. {upper})")
+                        + ", e.g. with ipuxl.DataLoader(options, ...), which combines batches for you")
+            micro = leaf.shape[0] // factor
+            micro_leaves.append(torch.empty((micro, *leaf.shape[1:]), dtype=leaf.dtype))
+            per_step = leaf.detach().reshape(n, leaf.shape[0] // n, *leaf.shape[1:])
+            stacked.append(per_step if n > 1 else per_step[0])
+        micro_args, micro_kwargs = pytree.tree_unflatten(micro_leaves, spec)
+        return (micro_args, micro_kwargs), stacked
+
+    def _factors(self) -> str:
+        opts = self.options
+        parts = [f"deviceIterations {opts.device_iterations}"]
+        if self.training:
+            parts.append(f"gradientAccumulation {opts.gradient_accumulation}")
+        parts.append(f"replicationFactor {opts.replication_factor}")
+        return "micro-batch x " + " x ".join(parts)
+
+    def _outputs(self, results: dict) -> Any:
+        program = self._program
+        n = self.options.device_iterations
+        per_output = []
+        for streams in program.outputs:
+            parts = [torch.from_numpy(results[s]).reshape(n, *s.shape) for s in streams]
+            seq = torch.stack(parts, 1).reshape(n * len(parts), *streams[0].shape)
+            per_output.append(seq)
+        mode = self.options.resolved_output_mode(self.training)
+        flat = reduce_outputs(per_output, mode, self.options.output_return_period)
+        return pytree.tree_unflatten(flat, program.traced.out_spec)
+
+    # -- compiling ------------------------------------------------------------------------
+    def _ensure_program(self, micro: tuple) -> None:
+        opts = self.options
+        if opts.replication_factor != 1:
+            raise OptionsError(f"replicationFactor({opts.replication_factor}) is not supported yet",
+                               where=user_source_line(), fix="use replicationFactor(1)")
+        key = _signature(micro)
+        if self._program is not None and key == self._key:
+            return
+        if self._program is not None and opts.static_shapes:
+            raise TraceError(
+                f"the {self._kind} model was compiled for inputs {_describe(self._key)}, got {_describe(key)}",
+                where=user_source_line(),
+                fix="keep input shapes and dtypes fixed (e.g. drop_last=True in the DataLoader), or "
+                    "leave Options.staticShapes off to recompile on a change")
+        self._rebuild(micro, key)
+
+    def _rebuild(self, micro: tuple | None = None, key: tuple | None = None) -> None:
+        """(Re)compile, carrying weights, optimiser state and seed over from a previous program."""
+        states: dict[tuple[str, str], np.ndarray] = {}
+        if self._program is not None:
+            self._pull_weights_if_newer()
+            states = self._device_states()
+            self._seed = self._device_seed()
+            self._close_session()
+        elif self.training:
+            for plan in self._plans:
+                param = _param_by_name(self.model, plan.name)
+                for state, value in initial_state(self.optimizer, param, plan).items():
+                    states[(plan.name, state)] = value.detach().cpu().numpy()
+        if micro is None:
+            micro, key = self._traced_micro, self._key
+        self._refresh_from_trainers()
+        traced = self._trace(micro)
+        values = {n: _to_numpy(t) for n, t in _named_tensors(self.model)}
+        program = build_program(traced, training=self.training, device_iterations=self.options.device_iterations,
+                                 micro_batches=self.options.gradient_accumulation if self.training else 1,
+                                 values=values, plans=self._trainable_plans(), states=states, seed=self._seed)
+        self.options._freeze()
+        self._session = Session(program.ir, self.options.device_type)
+        self._session.__enter__()
+        self._attached = True
+        self._program, self._key, self._traced_micro = program, key, micro
+        self.compile_count += 1
+
+    def _trainable_plans(self) -> list:
+        """Plans of the parameters that take gradients (torch.optim skips the others)."""
+        params = dict(torch.nn.Module.named_parameters(self.model))
+        return [plan for plan in self._plans if params[plan.name].requires_grad]
+
+    def _trace(self, micro: tuple) -> TracedModule:
+        args, kwargs = micro
+        return trace_module(self.model, args, kwargs, training=self.training, need_loss=self.training)
+
+    def _close_session(self) -> None:
+        if self._session is not None and self._attached:
+            self._session.__exit__(None, None, None)
+        self._session = None
+        self._attached = False
+
+    # -- weights ------------------------------------------------------------------------
+    def copyWeightsToHost(self) -> None:  # noqa: N802 - PopTorch's name
+        """Copy the device's weights and buffers (and optimiser state) into the host module."""
+        self._require_usable("copy weights to the host")
+        if self._program is None:
+            return
+        self._require_attached("copyWeightsToHost")
+        program = self._program
+        tensors = {**program.params, **program.buffers}
+        data = self._session.get_tensors_data(list(tensors.values()))
+        self._device_newer = False
+        with torch.no_grad():
+            for name, host in _named_tensors(self.model):
+                if name in tensors:
+                    host.copy_(torch.from_numpy(np.array(data[tensors[name]])))
+        if self.training and self.optimizer is not None:
+            states = self._device_states()
+            for plan in self._plans:
+                mine = {s: torch.from_numpy(v) for (p, s), v in states.items() if p == plan.name}
+                if mine:
+                    write_state(self.optimizer, _param_by_name(self.model, plan.name), plan, mine,
+                                steps_taken=self._unsynced_steps)
+            self._unsynced_steps = 0
+
+    def copyWeightsToDevice(self) -> None:  # noqa: N802
+        """Copy the host module's weights and buffers to the device."""
+        self._require_usable("copy weights to the device")
+        if self._program is None:
+            return
+        self._require_attached("copyWeightsToDevice")
+        program = self._program
+        tensors = {**program.params, **program.buffers}
+        self._session.write_variables_data(
+            {tensors[n]: _to_numpy(t) for n, t in _named_tensors(self.model) if n in tensors})
+        self._device_newer = False
+
+    def _pull_weights_if_newer(self) -> None:
+        if self._device_newer and self._attached and not self._pulling:
+            self._pulling = True
+            try:
+                self.copyWeightsToHost()
+            finally:
+                self._pulling = False
+
+    _pulling = False
+
+    def _refresh_from_trainers(self) -> None:
+        """Before reading host weights: pull newer weights of other models sharing them."""
+        mine = set(map(id, (t for _, t in _named_tensors(self.model))))
+        changed = False
+        for other in list(_LIVE):
+            if other is not self and other._device_newer and mine & set(
+                    map(id, (t for _, t in _named_tensors(other.model)))):
+                other._pull_weights_if_newer()
+                changed = True
+        if changed and self._program is not None and self._attached:
+            self.copyWeightsToDevice()
+
+    def _device_states(self) -> dict[tuple[str, str], np.ndarray]:
+        program = self._program
+        if program is None or not program.states:
+            return {}
+        data = self._session.get_tensors_data(list(program.states.values()))
+        return {key: np.array(data[var]) for key, var in program.states.items()}
+
+    def _device_seed(self) -> np.ndarray:
+        program = self._program
+        if program is None or program.seed is None:
+            return self._seed
+        return np.array(self._session.get_tensor_data(program.seed))
+
+    # -- optimiser ------------------------------------------------------------------------
+    def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:  # noqa: N802
+        """Use ``optimizer``'s hyperparameters from the next call.
+
+        Learning rates are variables of the program: changing them (e.g. from an LR
+        scheduler) writes those variables, without recompiling. Other changes
+        (momentum, weight decay, optimiser type...) recompile, keeping the state of
+        the parameters whose optimiser state still applies.
+        """
+        self._require_usable("set the optimizer")
+        if not self.training:
+            raise InvalidArgumentError("setOptimizer on an inference model", where=user_source_line(),
+                                       fix="only training models have an optimizer")
+        plans = translate(optimizer, self._names)
+        self.optimizer = optimizer
+        old, self._plans = self._plans, plans
+        if self._program is None:
+            return
+        if optimizer_structure(plans) == optimizer_structure(old):
+            self._require_attached("setOptimizer")
+            lrs = {}
+            for plan in plans:
+                lrs[self._program.learning_rates[plan.group]] = np.float32(plan.hypers["lr"])
+            self._session.write_variables_data({var: np.asarray(v, np.float32) for var, v in lrs.items()})
+        else:
+            self._rebuild()
+
+    # -- device ---------------------------------------------------------------------------
+    def detachFromDevice(self) -> None:  # noqa: N802
+        """Copy weights to the host and release the device (calls then fail until attachToDevice)."""
+        self._require_usable("detach")
+        if not self._attached:
+            raise DetachedError(f"the {self._kind} model is not attached to a device", where=user_source_line(),
+                                fix="only detach an attached (compiled) model")
+        self._pull_weights_if_newer()
+        self._attached = False
+
+    def attachToDevice(self) -> None:  # noqa: N802
+        """Attach again after ``detachFromDevice``; the host weights are copied to the device."""
+        self._require_usable("attach")
+        if self._program is None:
+            raise DetachedError(f"the {self._kind} model has not been compiled yet", where=user_source_line(),
+                                fix="call the model (or model.compile(...)) first")
+        if self._attached:
+            raise DetachedError(f"the {self._kind} model is already attached", where=user_source_line(),
+                                fix="detachFromDevice() first")
+        self._attached = True
+        self.copyWeightsToDevice()
+
+    def isAttachedToDevice(self) -> bool:  # noqa: N802
+        return self._attached
+
+    def isCompiled(self) -> bool:  # noqa: N802
+        return self._program is not None
+
+    def destroy(self) -> None:
+        """Copy weights to the host, then release the program; the wrapper can no longer be used."""
+        if self._destroyed:
+            return
+        self._pull_weights_if_newer()
+        self._close_session()
+        self._program = None
+        self._destroyed = True
+        _LIVE.discard(self)
+        _remove_sync_hooks(self.model, self)
+
+    def _require_usable(self, what: str) -> None:
+        if self._destroyed:
+            raise DetachedError(f"cannot {what}: the {self._kind} model was destroyed", where=user_source_line(),
+                                fix="create a new trainingModel/inferenceModel")
+
+    def _require_attached(self, what: str) -> None:
+        if not self._attached:
+            raise DetachedError(f"{what}: the {self._kind} model is detached from its device",
+                                where=user_source_line(), fix="call attachToDevice() first")
+
+    # -- module-like conveniences ---------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.__dict__["model"], name)
+
+    def __repr__(self) -> str:
+        return f"PoplarExecutor({self._kind}, {self.model!r})"
+
+    @property
+    def session(self) -> Session | None:
+        """The device session of the compiled program (None before the first call)."""
+        return self._session
+
+
+# -- helpers -------------------------------------------------------------------------------
+def _initial_seed(options: Options) -> np.ndarray:
+    seed = options.random_seed
+    if seed is None:
+        return torch.randint(0, 2**31 - 1, (2,), dtype=torch.int64).numpy()
+    return np.asarray([seed & 0x7FFFFFFF, (seed >> 31) & 0x7FFFFFFF], np.int64)
+
+
+def _signature(micro: tuple) -> tuple:
+    leaves, spec = pytree.tree_flatten(micro)
+    return (str(spec), tuple((tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else ("static", repr(v))
+                             for v in leaves))
+
+
+def _describe(key: tuple | None) -> str:
+    if key is None:
+        return "(none)"
+    return ", ".join(f"{list(s)} {str(d).replace('torch.', '')}" if s != "static" else f"{d}" for s, d in key[1])
+
+
+def _named_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Parameters then buffers, read without triggering the sync hooks."""
+    yield from torch.nn.Module.named_parameters(model)
+    yield from torch.nn.Module.named_buffers(model)
+
+
+def _param_by_name(model: torch.nn.Module, name: str) -> torch.Tensor:
+    return dict(torch.nn.Module.named_parameters(model))[name]
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu()
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy().copy()
+
+
+# -- lazy host sync -------------------------------------------------------------------------
+_SYNCED_CLASSES: dict[type, type] = {}
+
+
+def _install_sync_hooks(model: torch.nn.Module, executor: PoplarExecutor) -> None:
+    """Make every submodule pull newer device weights before its parameters are read."""
+    for module in torch.nn.Module.modules(model):
+        cls = type(module)
+        if not getattr(cls, "_ipuxl_synced", False):
+            module.__class__ = _synced_class(cls)
+        # Strong references: the executor (and the newer weights on its device) lives
+        # as long as the module does, or until destroy().
+        module.__dict__.setdefault("_ipuxl_executors", []).append(executor)
+
+
+def _remove_sync_hooks(model: torch.nn.Module, executor: PoplarExecutor) -> None:
+    for module in torch.nn.Module.modules(model):
+        executors = module.__dict__.get("_ipuxl_executors", [])
+        if executor in executors:
+            executors.remove(executor)
+
+
+def _pull(module: torch.nn.Module) -> None:
+    for executor in module.__dict__.get("_ipuxl_executors", ()):
+        if executor._device_newer:
+            executor._pull_weights_if_newer()
+
+
+def _synced_class(cls: type) -> type:
+    if cls in _SYNCED_CLASSES:
+        return _SYNCED_CLASSES[cls]
+
+    def __getattr__(self, name):  # noqa: N807
+        if name in self.__dict__.get("_parameters", {}) or name in self.__dict__.get("_buffers", {}):
+            _pull(self)
+        return cls.__getattr__(self, name)
+
+    def named_parameters(self, *args, **kwargs):
+        _pull(self)
+        return cls.named_parameters(self, *args, **kwargs)
+
+    def named_buffers(self, *args, **kwargs):
+        _pull(self)
+        return cls.named_buffers(self, *args, **kwargs)
+
+    def state_dict(self, *args, **kwargs):
+        _pull(self)
+        return cls.state_dict(self, *args, **kwargs)
+
+    def __reduce_ex__(self, protocol):  # pickle as the user's own class
+        state = dict(self.__dict__)
+        state.pop("_ipuxl_executors", None)
+        return (_rebuild_plain, (cls, state))
+
+    synced = type(cls.__name__, (cls,), {
+        "__getattr__": __getattr__, "named_parameters": named_parameters, "named_buffers": named_buffers,
+        "state_dict": state_dict, "__reduce_ex__": __reduce_ex__, "_ipuxl_synced": True,
+        "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    _SYNCED_CLASSES[cls] = synced
+    return synced
+
+
+def _rebuild_plain(cls: type, state: dict) -> torch.nn.Module:
+    module = cls.__new__(cls)
+    module.__dict__.update(state)
+    return module
