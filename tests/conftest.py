@@ -24,3 +24,7 @@ def load_example(name: str) -> ModuleType:
 @pytest.fixture(scope="session")
 def popxl_mnist() -> ModuleType:
     return load_example("popxl_mnist")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: a test of a minute or more (still run in CI; deselect with -m 'not slow')")

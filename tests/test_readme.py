@@ -30,3 +30,15 @@ def test_readme_example_runs_and_matches_eager():
     (grad,) = torch.autograd.grad(y.sum(), w0)
     assert_close(torch.from_numpy(scope["y"]), y.detach())
     assert_close(torch.from_numpy(session.get_tensor_data(w)), w0.detach() - 0.1 * grad)
+
+
+def test_readme_poptorch_example_runs_and_matches_eager_eval():
+    code = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)[1]
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    model, dataset = scope["model"], scope["dataset"]
+    assert scope["preds"].shape == (400, 10) and scope["losses"].shape == (50,)
+    assert scope["training"].compile_count == 1
+    model.eval()
+    with torch.no_grad():  # reading the host model pulls the trained weights
+        assert_close(scope["logits"], model(dataset.tensors[0][:80]))

@@ -104,9 +104,15 @@ def lower_graph(graph: "Graph", callee_fn: CalleeFn, attrs: dict[str, torch.Tens
 
 def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[fx.Node, fx.Node],
                 values: dict[str, torch.Tensor], callee_fn: CalleeFn, inline: Callable[["Graph"], bool] | None,
-                prefix: str) -> list[fx.Node]:
-    """Copy ``graph``'s nodes into ``new`` (inputs already bound in ``env``); return its outputs."""
+                prefix: str, shared_outputs: frozenset[int] = frozenset()) -> list[fx.Node]:
+    """Copy ``graph``'s nodes into ``new`` (inputs already bound in ``env``); return its outputs.
+
+    Outputs whose storage is an input are copied (PopXL returns new tensors), except
+    those in ``shared_outputs``: the caller inlining this graph has checked that
+    nothing writes that storage while the output is still read.
+    """
     written_views = _views_to_copy(graph)
+    writes = _write_positions(graph)
     inlined: dict[fx.Node, list[fx.Node]] = {}
     for node in graph.fx.nodes:
         if node in env:  # an input bound by the caller of an inlined graph
@@ -124,7 +130,8 @@ def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[
             callee = node.target.graph
             bound = dict(zip((t.node for t in callee.inputs), _call_args(new, node, env)))
             inlined[node] = _copy_graph(new, root, callee, bound, dict(callee.constants), callee_fn, inline,
-                                        prefix=f"{prefix}{_identifier(callee.name)}__")
+                                        prefix=f"{prefix}{_identifier(callee.name)}__",
+                                        shared_outputs=_unwritten_outputs(graph, node, writes, written_views))
             continue
         elif isinstance(node.target, CallTarget):
             env[node] = _lower_call(new, node, env, callee_fn)
@@ -133,9 +140,9 @@ def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[
         if node in written_views:
             env[node] = new.call_function(torch.clone, (env[node],))
     outputs = []
-    for t in graph.outputs:
+    for i, t in enumerate(graph.outputs):
         value = env[t.node]
-        if _storage_root(t.node, written_views).op in ("placeholder", "get_attr"):
+        if i not in shared_outputs and _storage_root(t.node, written_views).op in ("placeholder", "get_attr"):
             value = new.call_function(torch.clone, (value,))
         outputs.append(value)
     return outputs
@@ -147,6 +154,39 @@ def _inlinable(node: fx.Node, inline: Callable[["Graph"], bool] | None) -> bool:
             and inline(target.graph))
 
 
+def _write_positions(graph: "Graph") -> dict[fx.Node, list[int]]:
+    """Program positions of the in-place writes to each written storage root."""
+    writes: dict[fx.Node, list[int]] = {}
+    for i, node in enumerate(graph.fx.nodes):
+        for written in node.meta.get("ipuxl_writes", ()):
+            writes.setdefault(written, []).append(i)
+    return writes
+
+
+def _unwritten_outputs(graph: "Graph", call: fx.Node, writes: dict[fx.Node, list[int]],
+                       copied: set[fx.Node]) -> frozenset[int]:
+    """Outputs of an inlined ``call`` that may stay aliases of its inputs' storage.
+
+    Safe when the output is only read (not written, not viewed, not returned from
+    ``graph``) and no input's storage is written between the call and the output's
+    last read: then a copy would hold the same values. This keeps, for example, a
+    transposed weight saved for the backward pass from being copied every step.
+    """
+    order = {node: i for i, node in enumerate(graph.fx.nodes)}
+    returned = {t.node for t in graph.outputs}
+    roots = {_storage_root(a, copied) for a in call.all_input_nodes}
+    safe = set()
+    for user in call.users:
+        if user.target is not operator.getitem or user in returned or user in writes:
+            continue
+        if any("ipuxl_view_of" in u.meta or u.target is operator.getitem for u in user.users):
+            continue
+        last_use = max((order[u] for u in user.users), default=order[user])
+        if not any(order[call] < w <= last_use for r in roots for w in writes.get(r, ())):
+            safe.add(user.args[1])
+    return frozenset(safe)
+
+
 def _views_to_copy(graph: "Graph") -> set[fx.Node]:
     """View nodes that must become copies to keep PopXL's value semantics.
 
@@ -155,10 +195,7 @@ def _views_to_copy(graph: "Graph") -> set[fx.Node]:
     its source is written after the view is made and before its last use.
     """
     order = {node: i for i, node in enumerate(graph.fx.nodes)}
-    writes: dict[fx.Node, list[int]] = {}
-    for node in graph.fx.nodes:
-        for written in node.meta.get("ipuxl_writes", ()):
-            writes.setdefault(written, []).append(order[node])
+    writes = _write_positions(graph)
     copied: set[fx.Node] = set()
     for node in graph.fx.nodes:
         if "ipuxl_view_of" not in node.meta:

@@ -452,6 +452,26 @@ def test_in_place_update_of_call_output_leaves_input_alone():
     assert_close(session.get_tensor_data(v), np.zeros(2, np.float32))
 
 
+def test_inlined_call_output_aliasing_an_input_is_copied_only_when_the_input_changes_under_it():
+    """A transposed weight returned by an inlined call stays a view while nothing
+    writes the weight before its last read, and becomes a copy when something does."""
+    for update_before_read in (False, True):
+        ir = ipuxl.Ir()
+        with ir.main_graph:
+            w = ipuxl.variable(np.arange(6, dtype=np.float32).reshape(2, 3), name="w")
+            wt, = ops.call(ir.create_graph(lambda x: x.T, w), w)
+            if update_before_read:
+                ops.scaled_add_(w, ipuxl.constant(np.ones((2, 3), np.float32)))
+            out = ipuxl.d2h_stream((3, 2), F32, "wt")
+            ops.host_store(out, wt * 1.0)
+            if not update_before_read:
+                ops.scaled_add_(w, ipuxl.constant(np.ones((2, 3), np.float32)))
+        with ipuxl.Session(ir) as session:
+            result = session.run()[out]
+        assert_close(result, np.arange(6, dtype=np.float32).reshape(2, 3).T)
+        assert ("torch.clone" in session.code) == update_before_read, session.code
+
+
 def test_in_place_update_of_reshape_output_leaves_source_alone():
     ir = ipuxl.Ir()
     with ir.main_graph:
