@@ -8,11 +8,17 @@ bar, ``trainingModel`` with ``torch.optim.SGD`` and evaluation with
 names change (``ipuxl`` for ``poptorch``) and the data comes from the local MNIST
 files (``--data-dir``), without torchvision.
 
+``--compare-eager`` trains the same network from the same weights on the same batches
+with an eager PyTorch loop; its dropout replays the device's masks, so the accuracies
+agree up to float rounding (``--eager-torch-dropout``: torch's own masks, a different
+random run).
+
 Run: ``python examples/poptorch_mnist.py --data-dir ../shared/datasets [--epochs 3] [--compare-eager]``
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 from typing import NamedTuple
 
@@ -23,6 +29,7 @@ from tqdm.auto import tqdm
 
 import ipuxl
 from ipuxl.datasets import load_mnist
+from ipuxl.poptorch_compat import DropoutReplay
 
 
 class Block(nn.Module):
@@ -99,6 +106,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                                  "i.e. CUDA when present, else the CPU)")
     parser.add_argument("--compare-eager", action="store_true",
                         help="also train the same network with eager PyTorch and print both accuracies")
+    parser.add_argument("--eager-torch-dropout", action="store_true",
+                        help="with --compare-eager: eager dropout draws torch's own masks instead of the device's")
     return parser.parse_args(argv)
 
 
@@ -116,15 +125,21 @@ def evaluate(model: nn.Module, test_dataset, test_batch_size: int) -> float:
 
 
 def train_eager(model: nn.Module, loader, test_dataset, opts: argparse.Namespace) -> float:
-    """The same loop in eager PyTorch: one optimiser step per micro-batch of each combined batch."""
+    """The same loop in eager PyTorch: one optimiser step per micro-batch of each combined batch.
+
+    Dropout draws the masks the device drew (``DropoutReplay``), so the two runs differ
+    only by float rounding; ``--eager-torch-dropout`` uses torch's own random masks.
+    """
     model_with_loss = TrainingModelWithLoss(model).train()
     optimizer = optim.SGD(model.parameters(), lr=opts.lr)
+    replay = DropoutReplay(opts.seed)
     for _ in range(opts.epochs):
         for data, labels in loader:
             for x, y in zip(data.split(opts.batch_size), labels.split(opts.batch_size)):
                 optimizer.zero_grad()
-                _, loss = model_with_loss(x, y)
-                loss.backward()
+                with contextlib.nullcontext() if opts.eager_torch_dropout else replay.step():
+                    _, loss = model_with_loss(x, y)
+                    loss.backward()
                 optimizer.step()
     model.eval()
     with torch.no_grad():
@@ -169,7 +184,8 @@ def main(argv: list[str] | None = None) -> Result:
                                              shuffle=True, drop_last=True,
                                              generator=torch.Generator().manual_seed(opts.seed))
         eager = train_eager(initial, loader, split.test, opts)
-        print("Eager PyTorch accuracy on test set: {:0.2f}%".format(eager))
+        masks = "torch's own dropout masks" if opts.eager_torch_dropout else "the device's dropout masks"
+        print("Eager PyTorch accuracy on test set ({}): {:0.2f}%".format(masks, eager))
     return Result(result, eager)
 
 

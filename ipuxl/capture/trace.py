@@ -26,10 +26,13 @@ then new buffer values), ready for ``transforms.autodiff`` and ``ops.call``.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+import numpy as np
 
 import torch
 import torch.fx as fx
@@ -45,7 +48,8 @@ from ipuxl.ir.context import traceback_source_line, user_source_line
 from ipuxl.ir.fx_import import copy_fx_body
 from ipuxl.ir.tensor import TensorSpec
 
-__all__ = ["TracedModule", "trace_module", "graph_from_trace", "identity_loss", "SEED_SHAPE"]
+__all__ = ["TracedModule", "trace_module", "graph_from_trace", "identity_loss", "SEED_SHAPE", "seed_words",
+           "DropoutReplay"]
 
 SEED_SHAPE, SEED_DTYPE = (2,), torch.int64
 
@@ -82,6 +86,47 @@ def identity_loss(x: torch.Tensor, reduction: str = "none") -> torch.Tensor:
     if marks is not None:
         marks.append(out)
     return out
+
+
+def seed_words(random_seed: int) -> np.ndarray:
+    """The device seed (two non-negative 31-bit words) for ``Options.randomSeed(random_seed)``."""
+    return np.asarray([random_seed & 0x7FFFFFFF, (random_seed >> 31) & 0x7FFFFFFF], np.int64)
+
+
+def step_seeds(seed: torch.Tensor, micro_batches: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One training step's seed schedule: ``(next step's seed, one seed per micro-batch)``.
+
+    The device program runs the same ops (``ops.split_random_seed``) on its seed
+    variable; ``DropoutReplay`` runs them eagerly.
+    """
+    following, this_step = (torch.ops.ipuxl.modify_seed(seed, i) for i in range(2))
+    if micro_batches == 1:
+        return following, [this_step]
+    return following, [torch.ops.ipuxl.modify_seed(this_step, i) for i in range(micro_batches)]
+
+
+class DropoutReplay:
+    """Eager PyTorch with the masks a ``trainingModel`` draws, to compare the two step by step.
+
+    Example:
+        >>> replay = DropoutReplay(random_seed=42)
+        >>> for x, y in micro_batches:           # one eager optimiser step each
+        ...     with replay.step():
+        ...         out, loss = model(x, y)      # F.dropout uses the device's mask
+    """
+
+    def __init__(self, random_seed: int, gradient_accumulation: int = 1):
+        self._seed = torch.from_numpy(seed_words(random_seed))
+        self._accumulation = gradient_accumulation
+        self._pending: list[torch.Tensor] = []
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """Run one micro-batch's forward (and backward) with the device's dropout seed."""
+        if not self._pending:
+            self._seed, self._pending = step_seeds(self._seed, self._accumulation)
+        with _CaptureMode(self._pending.pop(0), "eager"):
+            yield
 
 
 @dataclass

@@ -36,7 +36,9 @@ _MATMULS = (torch.ops.aten.mm.default, torch.mm)
 
 
 def fuse_matmul_updates(graph: fx.Graph) -> bool:
-    """Rewrite ``W.add_(mm(a, g), alpha=c)`` as ``W.addmm_(a, g, alpha=c)``; True if any changed."""
+    """Rewrite ``W.add_(mm(a, g), alpha=c)`` as ``W.addmm_(a, g, alpha=c)``, and
+    ``W.addcmul_(mm(a, g), s)`` (a tensor factor ``s``, e.g. a learning-rate variable)
+    as ``W.addmm_(a, g * s)``, scaling the smaller operand; True if any changed."""
     changed = False
     for node in list(graph.nodes):
         grad = _update_term(node, _MATMULS)
@@ -44,7 +46,36 @@ def fuse_matmul_updates(graph: fx.Graph) -> bool:
             _replace(graph, node, torch.Tensor.addmm_, (node.args[0], *grad.args),
                      {"alpha": node.kwargs.get("alpha", 1)}, dead=(grad,))
             changed = True
+            continue
+        grad = _scaled_update_term(node)
+        if grad is not None:
+            a, g = grad.args
+            scale_a = _numel(a) < _numel(g)
+            with graph.inserting_before(node):
+                scaled = graph.call_function(torch.mul, ((a if scale_a else g), node.args[2]))
+            scaled.meta["val"] = (a if scale_a else g).meta.get("val")
+            _replace(graph, node, torch.Tensor.addmm_, (node.args[0], *((scaled, g) if scale_a else (a, scaled))),
+                     {}, dead=(grad,))
+            changed = True
     return changed
+
+
+def _scaled_update_term(node: fx.Node) -> fx.Node | None:
+    """The matmul ``t`` of ``W.addcmul_(t, s)`` with a 0-dim tensor ``s``, used only there."""
+    if not (node.op == "call_function" and node.target is torch.Tensor.addcmul_ and len(node.args) == 3
+            and not node.kwargs):
+        return None
+    term, factor = node.args[1], node.args[2]
+    factor_val = factor.meta.get("val") if isinstance(factor, fx.Node) else None
+    if (isinstance(term, fx.Node) and term.target in _MATMULS and len(term.users) == 1
+            and factor_val is not None and factor_val.dim() == 0):
+        return term
+    return None
+
+
+def _numel(node: Any) -> float:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return float("inf") if val is None else val.numel()
 
 
 def fuse_adam_updates(graph: fx.Graph) -> bool:

@@ -163,7 +163,7 @@ def _scaled_add_(x: torch.Tensor, y: torch.Tensor, a: Any, b: Any) -> torch.Tens
         x.mul_(a)
     if isinstance(b, (int, float)):
         return x.add_(y, alpha=b)
-    return x.add_(y * b)
+    return x.addcmul_(y, b)  # one pass, rounded as x.add_(y, alpha=b) would be
 
 
 def scaled_add(X: Tensor, Y: Tensor, a: float | Tensor = 1.0, b: float | Tensor = 1.0) -> Tensor:  # noqa: N803
@@ -174,10 +174,13 @@ def scaled_add(X: Tensor, Y: Tensor, a: float | Tensor = 1.0, b: float | Tensor 
 def scaled_add_(X: Tensor, Y: Tensor, a: float | Tensor = 1.0, b: float | Tensor = 1.0) -> Tensor:  # noqa: N803
     """In place ``X = a * X + b * Y``; returns ``X`` modified.
 
-    With ``a == 1`` and a Python-number ``b`` this is one ``Tensor.add_`` call, the
-    form an SGD update takes.
+    With ``a == 1`` this is one ``Tensor.add_`` call (a Python-number ``b``) or one
+    ``Tensor.addcmul_`` (a tensor ``b``, e.g. a learning-rate variable), the forms an
+    SGD update takes; both round exactly as eager ``w.add_(g, alpha=-lr)`` does.
     """
     check_same_shape("scaled_add_", X, Y)
     if isinstance(a, (int, float)) and a == 1 and isinstance(b, (int, float)):
         return emit("scaled_add_", torch.Tensor.add_, (X, Y), {"alpha": b}, modifies=X)
+    if isinstance(a, (int, float)) and a == 1:
+        return emit("scaled_add_", torch.Tensor.addcmul_, (X, Y, b), modifies=X)
     return emit("scaled_add_", _scaled_add_, (X, Y, a, b), modifies=X)

@@ -6,7 +6,7 @@ The wrappers are built from the same pieces as the PopXL front end: torch.fx
 capture into the IR (``ipuxl.capture.trace``), ``transforms.autodiff``, the
 ``ipuxl.optim`` update rules and the device ``Session``.
 """
-from ipuxl.capture.trace import identity_loss
+from ipuxl.capture.trace import DropoutReplay, identity_loss
 from ipuxl.poptorch_compat.executor import PoplarExecutor, inferenceModel, trainingModel
 
-__all__ = ["PoplarExecutor", "identity_loss", "inferenceModel", "trainingModel"]
+__all__ = ["DropoutReplay", "PoplarExecutor", "identity_loss", "inferenceModel", "trainingModel"]

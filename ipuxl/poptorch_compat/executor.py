@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from ipuxl.capture.trace import TracedModule, trace_module
+from ipuxl.capture.trace import TracedModule, seed_words, trace_module
 from ipuxl.device.session import Session
 from ipuxl.errors import BatchSizeError, DetachedError, InvalidArgumentError, OptionsError, TraceError
 from ipuxl.ir.context import user_source_line
@@ -408,7 +408,7 @@ def _initial_seed(options: Options) -> np.ndarray:
     seed = options.random_seed
     if seed is None:
         return torch.randint(0, 2**31 - 1, (2,), dtype=torch.int64).numpy()
-    return np.asarray([seed & 0x7FFFFFFF, (seed >> 31) & 0x7FFFFFFF], np.int64)
+    return seed_words(seed)
 
 
 def _signature(micro: tuple) -> tuple:

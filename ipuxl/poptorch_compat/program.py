@@ -150,7 +150,8 @@ def _trained_params(traced: TracedModule, fwd: Any, plans: list[Any], inputs: di
 
 
 def _step_seeds(seed: Variable | None, count: int) -> list[Tensor | None]:
-    """Fresh seeds for this step's micro-batches; the variable advances every step."""
+    """Fresh seeds for this step's micro-batches; the variable advances every step
+    (the schedule of ``capture.trace.step_seeds``, which ``DropoutReplay`` replays)."""
     if seed is None:
         return [None] * count
     following, this_step = split_random_seed(seed, 2)

@@ -285,3 +285,29 @@ def test_unseeded_random_ops_are_refused():
 
     with pytest.raises(TraceError, match="random op"):
         ipuxl.trainingModel(Noisy(), Options())(*make_data(4))
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_training_with_dropout_equals_eager_replaying_the_device_masks(accumulation):
+    """Dropout end to end: eager steps with the device's masks give the device's weights."""
+    from ipuxl.poptorch_compat import DropoutReplay
+
+    torch.manual_seed(11)
+    net = DropNet()
+    ref = copy.deepcopy(net)
+    opts = Options().deviceIterations(3).randomSeed(5)
+    opts.Training.gradientAccumulation(accumulation)
+    training = ipuxl.trainingModel(WithLoss(net), opts, optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    ref_model, ref_opt = WithLoss(ref), torch.optim.SGD(ref.parameters(), lr=0.1)
+    replay = DropoutReplay(5, accumulation)
+    for call in range(2):
+        x, y = make_data(3 * accumulation * 4, seed=call)
+        training(x, y)
+        for xs, ys in zip(x.split(4 * accumulation), y.split(4 * accumulation)):
+            ref_opt.zero_grad()
+            for xm, ym in zip(xs.split(4), ys.split(4)):
+                with replay.step():
+                    (ref_model(xm, ym)[1] / accumulation).backward()
+            ref_opt.step()
+    for p, q in zip(net.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
