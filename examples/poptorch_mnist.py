@@ -134,7 +134,9 @@ def train_eager(model: nn.Module, loader, test_dataset, opts: argparse.Namespace
     optimizer = optim.SGD(model.parameters(), lr=opts.lr)
     replay = DropoutReplay(opts.seed)
     for _ in range(opts.epochs):
-        for data, labels in loader:
+        # Iterated through tqdm as the device loop is: tqdm.auto makes an extra iterator
+        # of the loader, which draws from its generator, so the batch order depends on it.
+        for data, labels in tqdm(loader, total=len(loader), leave=False, desc="Eager PyTorch"):
             for x, y in zip(data.split(opts.batch_size), labels.split(opts.batch_size)):
                 optimizer.zero_grad()
                 with contextlib.nullcontext() if opts.eager_torch_dropout else replay.step():
