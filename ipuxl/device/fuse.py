@@ -30,7 +30,7 @@ from ipuxl.ops.var_updates import (
     _adam_update_, _adam_updater, _fused_adam_step_, _moving_average, _moving_average_square,
 )
 
-__all__ = ["fuse_matmul_updates", "fuse_adam_updates", "fuse_adam_steps"]
+__all__ = ["fuse_matmul_updates", "fuse_adam_updates", "fuse_adam_steps", "call_random_ops_directly"]
 
 _MATMULS = (torch.ops.aten.mm.default, torch.mm)
 
@@ -159,3 +159,15 @@ def _adam_step(node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node] | None:
     if len(m_node.args[0].users) != 1 or len(v_node.args[0].users) != 1:
         return None
     return term, m_node, v_node
+
+
+def call_random_ops_directly(graph: fx.Graph) -> bool:
+    """Call the seeded random ops' Python implementations without the custom-op dispatch."""
+    from ipuxl.ops.random import DIRECT_CALLS
+
+    changed = False
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target in DIRECT_CALLS:
+            node.target = DIRECT_CALLS[node.target]
+            changed = True
+    return changed

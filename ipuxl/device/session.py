@@ -24,7 +24,7 @@ from ipuxl.errors import DetachedError, DeviceError, InvalidArgumentError, Shape
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.ir import Ir
 from ipuxl.device.dce import eliminate_dead_code
-from ipuxl.device.fuse import fuse_adam_steps, fuse_adam_updates, fuse_matmul_updates
+from ipuxl.device.fuse import call_random_ops_directly, fuse_adam_steps, fuse_adam_updates, fuse_matmul_updates
 from ipuxl.ir.lower import CallTarget, compiled_callee, lower_graph
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream
 from ipuxl.ir.tensor import Constant, Tensor, Variable
@@ -86,7 +86,8 @@ class Session:
         """Lower ``graph`` (inlining graphs with one call site), drop dead code, fuse updates."""
         module = lower_graph(graph, self._compile_callee, attrs, inline=lambda g: self._call_sites[g] == 1)
         changed = [eliminate_dead_code(module.graph), fuse_matmul_updates(module.graph),
-                   fuse_adam_steps(module.graph), fuse_adam_updates(module.graph)]
+                   fuse_adam_steps(module.graph), fuse_adam_updates(module.graph),
+                   call_random_ops_directly(module.graph)]
         if any(changed):
             module.recompile()
         return module.to(self.device)

@@ -22,17 +22,43 @@ __all__ = ["dropout", "random_uniform", "random_normal", "split_random_seed", "c
 
 
 def _generator(seed: torch.Tensor) -> torch.Generator:
-    hi, lo = (int(v) & 0xFFFFFFFF for v in seed.to(torch.int64).tolist())
+    hi, lo = (int(v) & 0xFFFFFFFF for v in seed.tolist())
     gen = torch.Generator(device=seed.device)
     gen.manual_seed((hi << 32 | lo) & 0x7FFFFFFFFFFFFFFF)
     return gen
 
 
+# Plain implementations. The custom ops below call them (so that make_fx records one
+# node per draw); the device calls them directly (``DIRECT_CALLS``), skipping the
+# custom-op dispatch, which costs more than the draw itself for small tensors.
+def random_uniform_impl(seed: torch.Tensor, shape: list[int], low: float, high: float,
+                        dtype: torch.dtype) -> torch.Tensor:
+    out = torch.rand(shape, generator=_generator(seed), device=seed.device)
+    return (out * (high - low) + low).to(dtype)
+
+
+def random_normal_impl(seed: torch.Tensor, shape: list[int], mean: float, std: float,
+                       dtype: torch.dtype) -> torch.Tensor:
+    out = torch.randn(shape, generator=_generator(seed), device=seed.device)
+    return (out * std + mean).to(dtype)
+
+
+def dropout_mask_impl(seed: torch.Tensor, shape: list[int], p: float, dtype: torch.dtype) -> torch.Tensor:
+    keep = torch.rand(shape, generator=_generator(seed), device=seed.device) >= p
+    return keep.to(dtype) / (1.0 - p)
+
+
+def modify_seed_impl(seed: torch.Tensor, modifier: int) -> torch.Tensor:
+    """A new seed from ``seed`` and ``modifier``: word 0 kept, word 1 mixed (mod 2**32)."""
+    w0, w1 = (int(v) for v in seed.tolist())
+    mixed = (w1 * 0x9E3779B1 + modifier * 0x85EBCA77 + w0) & 0xFFFFFFFF
+    return torch.tensor([w0, mixed], dtype=seed.dtype, device=seed.device)
+
+
 @torch.library.custom_op("ipuxl::random_uniform", mutates_args=())
 def _random_uniform(seed: torch.Tensor, shape: list[int], low: float, high: float,
                     dtype: torch.dtype) -> torch.Tensor:
-    out = torch.rand(shape, generator=_generator(seed), device=seed.device)
-    return (out * (high - low) + low).to(dtype)
+    return random_uniform_impl(seed, shape, low, high, dtype)
 
 
 @_random_uniform.register_fake
@@ -43,8 +69,7 @@ def _(seed, shape, low, high, dtype):
 @torch.library.custom_op("ipuxl::random_normal", mutates_args=())
 def _random_normal(seed: torch.Tensor, shape: list[int], mean: float, std: float,
                    dtype: torch.dtype) -> torch.Tensor:
-    out = torch.randn(shape, generator=_generator(seed), device=seed.device)
-    return (out * std + mean).to(dtype)
+    return random_normal_impl(seed, shape, mean, std, dtype)
 
 
 @_random_normal.register_fake
@@ -54,8 +79,7 @@ def _(seed, shape, mean, std, dtype):
 
 @torch.library.custom_op("ipuxl::dropout_mask", mutates_args=())
 def _dropout_mask(seed: torch.Tensor, shape: list[int], p: float, dtype: torch.dtype) -> torch.Tensor:
-    keep = torch.rand(shape, generator=_generator(seed), device=seed.device) >= p
-    return keep.to(dtype) / (1.0 - p)
+    return dropout_mask_impl(seed, shape, p, dtype)
 
 
 @_dropout_mask.register_fake
@@ -72,14 +96,19 @@ def _dropout(x: torch.Tensor, seed: torch.Tensor, p: float) -> torch.Tensor:
 
 @torch.library.custom_op("ipuxl::modify_seed", mutates_args=())
 def _modify_seed(seed: torch.Tensor, modifier: int) -> torch.Tensor:
-    words = seed.to(torch.int64)
-    mixed = (words[1] * 0x9E3779B1 + modifier * 0x85EBCA77 + words[0]) & 0xFFFFFFFF
-    return torch.stack([words[0], mixed]).to(seed.dtype)
+    return modify_seed_impl(seed, modifier)
 
 
 @_modify_seed.register_fake
 def _(seed, modifier):
     return torch.empty_like(seed)
+
+
+_IMPLS = {"random_uniform": random_uniform_impl, "random_normal": random_normal_impl,
+          "dropout_mask": dropout_mask_impl, "modify_seed": modify_seed_impl}
+# fx nodes name an op by its packet (``torch.ops.ipuxl.x``) or overload (``.default``).
+DIRECT_CALLS = {**{getattr(torch.ops.ipuxl, n): f for n, f in _IMPLS.items()},
+                **{getattr(torch.ops.ipuxl, n).default: f for n, f in _IMPLS.items()}}
 
 
 def _check_seed(seed: Tensor) -> None:

@@ -37,6 +37,7 @@ from ipuxl.poptorch_compat.program import Program, build_program, optimizer_stru
 __all__ = ["PoplarExecutor", "trainingModel", "inferenceModel"]
 
 _LIVE: "weakref.WeakSet[PoplarExecutor]" = weakref.WeakSet()
+_GENERATION = [0]  # bumped when executors come or go (sharing caches are recomputed)
 
 
 def trainingModel(model: torch.nn.Module, options: Options | None = None,  # noqa: N802 - PopTorch's name
@@ -105,7 +106,9 @@ class PoplarExecutor:
         self._unsynced_steps = 0  # optimiser steps on the device not yet in the host optimiser's state
         self._seed = _initial_seed(self.options)
         _install_sync_hooks(self.model, self)
+        self._sharing: tuple[int, list[PoplarExecutor]] = (-1, [])
         _LIVE.add(self)
+        _GENERATION[0] += 1
 
     # -- calling ------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -154,12 +157,10 @@ class PoplarExecutor:
                     fix=f"use a batch that is a multiple of {factor}"
                         + (f" (nearest: {lower} or {upper})" if lower else f" (e.g. {upper})")
                         + ", e.g. with ipuxl.DataLoader(options, ...), which combines batches for you")
-            micro = leaf.shape[0] // factor
-            micro_leaves.append(torch.empty((micro, *leaf.shape[1:]), dtype=leaf.dtype))
+            micro_leaves.append(_MicroBatch((leaf.shape[0] // factor, *leaf.shape[1:]), leaf.dtype))
             per_step = leaf.detach().reshape(n, leaf.shape[0] // n, *leaf.shape[1:])
             stacked.append(per_step if n > 1 else per_step[0])
-        micro_args, micro_kwargs = pytree.tree_unflatten(micro_leaves, spec)
-        return (micro_args, micro_kwargs), stacked
+        return (tuple(micro_leaves), spec), stacked
 
     def _factors(self) -> str:
         opts = self.options
@@ -187,7 +188,7 @@ class PoplarExecutor:
         if opts.replication_factor != 1:
             raise OptionsError(f"replicationFactor({opts.replication_factor}) is not supported yet",
                                where=user_source_line(), fix="use replicationFactor(1)")
-        key = _signature(micro)
+        key = micro  # the micro-batch leaves (shapes, dtypes, static values) and structure
         if self._program is not None and key == self._key:
             return
         if self._program is not None and opts.static_shapes:
@@ -232,7 +233,9 @@ class PoplarExecutor:
         return [plan for plan in self._plans if params[plan.name].requires_grad]
 
     def _trace(self, micro: tuple) -> TracedModule:
-        args, kwargs = micro
+        leaves, spec = micro
+        examples = [torch.empty(v.shape, dtype=v.dtype) if isinstance(v, _MicroBatch) else v for v in leaves]
+        args, kwargs = pytree.tree_unflatten(examples, spec)
         return trace_module(self.model, args, kwargs, training=self.training, need_loss=self.training)
 
     def _close_session(self) -> None:
@@ -287,13 +290,20 @@ class PoplarExecutor:
 
     _pulling = False
 
+    def _sharing_executors(self) -> list["PoplarExecutor"]:
+        """The other live models holding any of this model's parameters or buffers."""
+        if self._sharing[0] != _GENERATION[0]:
+            mine = {id(t) for _, t in _named_tensors(self.model)}
+            others = [other for other in list(_LIVE) if other is not self
+                      and mine & {id(t) for _, t in _named_tensors(other.model)}]
+            self._sharing = (_GENERATION[0], others)
+        return self._sharing[1]
+
     def _refresh_from_trainers(self) -> None:
         """Before reading host weights: pull newer weights of other models sharing them."""
-        mine = set(map(id, (t for _, t in _named_tensors(self.model))))
         changed = False
-        for other in list(_LIVE):
-            if other is not self and other._device_newer and mine & set(
-                    map(id, (t for _, t in _named_tensors(other.model)))):
+        for other in self._sharing_executors():
+            if other._device_newer:
                 other._pull_weights_if_newer()
                 changed = True
         if changed and self._program is not None and self._attached:
@@ -376,6 +386,7 @@ class PoplarExecutor:
         self._program = None
         self._destroyed = True
         _LIVE.discard(self)
+        _GENERATION[0] += 1
         _remove_sync_hooks(self.model, self)
 
     def _require_usable(self, what: str) -> None:
@@ -411,16 +422,26 @@ def _initial_seed(options: Options) -> np.ndarray:
     return seed_words(seed)
 
 
-def _signature(micro: tuple) -> tuple:
-    leaves, spec = pytree.tree_flatten(micro)
-    return (str(spec), tuple((tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else ("static", repr(v))
-                             for v in leaves))
+class _MicroBatch(tuple):
+    """Shape and dtype of one input's micro-batch (hashable, for the compile key)."""
+
+    def __new__(cls, shape: tuple, dtype: torch.dtype) -> "_MicroBatch":
+        return super().__new__(cls, (tuple(shape), dtype))
+
+    @property
+    def shape(self) -> tuple:
+        return self[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self[1]
 
 
 def _describe(key: tuple | None) -> str:
     if key is None:
         return "(none)"
-    return ", ".join(f"{list(s)} {str(d).replace('torch.', '')}" if s != "static" else f"{d}" for s, d in key[1])
+    return ", ".join(f"{list(v.shape)} {str(v.dtype).replace('torch.', '')}" if isinstance(v, _MicroBatch)
+                     else repr(v) for v in key[0])
 
 
 def _named_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
