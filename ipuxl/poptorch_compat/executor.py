@@ -102,6 +102,7 @@ class PoplarExecutor:
         self._attached = False
         self._destroyed = False
         self._device_newer = False  # device weights newer than the host module's
+        self._pulling = False  # copying to the host: reads of the host module must not pull again
         self.compile_count = 0
         self._unsynced_steps = 0  # optimiser steps on the device not yet in the host optimiser's state
         self._seed = _initial_seed(self.options)
@@ -287,8 +288,6 @@ class PoplarExecutor:
                 self.copyWeightsToHost()
             finally:
                 self._pulling = False
-
-    _pulling = False
 
     def _sharing_executors(self) -> list["PoplarExecutor"]:
         """The other live models holding any of this model's parameters or buffers."""

@@ -111,6 +111,9 @@ def build_program(traced: TracedModule, *, training: bool, device_iterations: in
         program.outputs = [[d2h_stream(spec.shape, spec.dtype, f"output{j}" + (f"_mb{g}" if g_count > 1 else ""))
                             for g in range(g_count)] for j, spec in enumerate(traced.output_specs)]
         seeds = _step_seeds(program.seed, g_count)
+        if training:  # the loss gradient: the loss scaling (1 without), once for all micro-batches
+            scaling = plans[0].loss_scaling if plans else 1.0
+            loss_grad = constant(np.full((), scaling, to_numpy_dtype(loss.dtype)), loss.dtype)
         grad_sums: list[Tensor] = []
         for g in range(g_count):
             xs = [x if g_count == 1 else x[g * s.shape[0]:(g + 1) * s.shape[0]]
@@ -120,9 +123,7 @@ def build_program(traced: TracedModule, *, training: bool, device_iterations: in
             info = call_with_info(fwd, *args)
             outs = info.outputs
             if training:
-                seed_grad = constant(np.ones((), to_numpy_dtype(loss.dtype)) * plans[0].loss_scaling
-                                     if plans else np.ones((), to_numpy_dtype(loss.dtype)), loss.dtype)
-                grads = call(grad_info.graph, seed_grad, inputs_dict=grad_info.inputs_dict(info)) if trained else ()
+                grads = call(grad_info.graph, loss_grad, inputs_dict=grad_info.inputs_dict(info)) if trained else ()
                 grad_sums = list(grads) if g == 0 else [a + b for a, b in zip(grad_sums, grads)]
                 for k, name in enumerate(traced.mutated):
                     target = program.params.get(name, program.buffers.get(name))

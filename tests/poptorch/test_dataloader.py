@@ -1,33 +1,19 @@
 """``ipuxl.dataloader``: PopTorch-style ``DataLoader`` batch sizes, modes and errors."""
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 import warnings
-from typing import Iterator
 
 import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 from ipuxl.dataloader import DataLoader, DataLoaderMode
-from ipuxl.errors import FrozenOptionsError, InvalidArgumentError, IpuxlError, OptionsError
+from ipuxl.errors import FrozenOptionsError, InvalidArgumentError, OptionsError
 from ipuxl.options import Options
+from tests.poptorch._checks import raises_in
 
-THIS_FILE = os.path.basename(__file__)
-
-
-@contextlib.contextmanager
-def raises(error: type[IpuxlError], *fragments: str) -> Iterator[pytest.ExceptionInfo]:
-    """``pytest.raises`` that also checks message fragments, the user's line and a fix."""
-    with pytest.raises(error) as info:
-        yield info
-    message = str(info.value)
-    for fragment in fragments:
-        assert fragment in message, f"{fragment!r} not in:\n{message}"
-    assert info.value.where and THIS_FILE in info.value.where
-    assert info.value.fix
+raises = raises_in(__file__)
 
 
 def dataset(n: int = 24) -> TensorDataset:

@@ -1,31 +1,17 @@
 """``ipuxl.options``: PopTorch-style ``Options`` defaults, setters, validation and freezing."""
 from __future__ import annotations
 
-import contextlib
-import os
 import pickle
-from typing import Iterator
 
 import numpy as np
 import pytest
 import torch
 
-from ipuxl.errors import FrozenOptionsError, InvalidArgumentError, IpuxlError, OptionsError
+from ipuxl.errors import FrozenOptionsError, InvalidArgumentError, OptionsError
 from ipuxl.options import AnchorMode, Options, OutputMode
+from tests.poptorch._checks import raises_in
 
-THIS_FILE = os.path.basename(__file__)
-
-
-@contextlib.contextmanager
-def raises(error: type[IpuxlError], *fragments: str) -> Iterator[pytest.ExceptionInfo]:
-    """``pytest.raises`` that also checks message fragments, the user's line and a fix."""
-    with pytest.raises(error) as info:
-        yield info
-    message = str(info.value)
-    for fragment in fragments:
-        assert fragment in message, f"{fragment!r} not in:\n{message}"
-    assert info.value.where and THIS_FILE in info.value.where
-    assert info.value.fix
+raises = raises_in(__file__)
 
 
 # -- defaults and setters -------------------------------------------------------------
