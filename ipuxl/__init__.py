@@ -21,10 +21,11 @@ from ipuxl.dtypes import (
     dtype, bfloat16, bool, float16, float32, float64, int8, int16, int32, int64, uint8, uint32,
 )
 from ipuxl.ir import (
-    Constant, DeviceToHostStream, Graph, HostToDeviceStream, Ir, Tensor, TensorByRef, TensorSpec, Variable,
-    d2h_stream, gcg, get_current_graph, h2d_stream, in_sequence,
+    Constant, DeviceToHostStream, Graph, HostToDeviceStream, Ir, ReplicaGrouping, Tensor, TensorByRef, TensorSpec,
+    Variable, d2h_stream, gcg, get_current_graph, h2d_stream, in_sequence,
 )
 from ipuxl.ops.random import create_seeds
+from ipuxl.ir.context import replica_grouping
 from ipuxl.options import AnchorMode, Options, OutputMode
 from ipuxl.dataloader import DataLoader, DataLoaderMode
 from ipuxl.poptorch_compat import PoplarExecutor, identity_loss, inferenceModel, trainingModel
@@ -35,7 +36,7 @@ __all__ = [
     "dtypes", "errors", "ops", "optim", "transforms", "Module", "constant", "graph_input", "variable", "Session",
     "dtype", "bfloat16", "bool", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint32",
     "Constant", "DeviceToHostStream", "Graph", "HostToDeviceStream", "Ir", "Tensor", "TensorByRef",
-    "TensorSpec", "Variable", "d2h_stream", "gcg", "get_current_graph", "h2d_stream", "in_sequence",
+    "TensorSpec", "Variable", "ReplicaGrouping", "replica_grouping", "d2h_stream", "gcg", "get_current_graph", "h2d_stream", "in_sequence",
     "create_seeds", "__version__",
     "AnchorMode", "Options", "OutputMode", "DataLoader", "DataLoaderMode", "PoplarExecutor", "identity_loss",
     "inferenceModel", "trainingModel",

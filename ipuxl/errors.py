@@ -24,6 +24,8 @@ __all__ = [
     "DataError",
     "OptionsError",
     "FrozenOptionsError",
+    "ReplicationError",
+    "ReplicaFailureError",
 ]
 
 
@@ -91,6 +93,17 @@ class DetachedError(DeviceError):
 class BatchSizeError(StreamInputError):
     """A PopTorch-style batch does not split into micro-batches x device iterations
     x gradient accumulation x replicas."""
+
+
+class ReplicaFailureError(DeviceError):
+    """A replica (a thread in this process or another torch.distributed process)
+    failed or stopped answering, so the collective every replica waits in cannot finish."""
+
+
+# -- replication ------------------------------------------------------------------
+class ReplicationError(IpuxlError, ValueError):
+    """A replica count does not fit the replication factor: replicated host data, a
+    replica grouping, a torchrun world size or a batch that does not split over replicas."""
 
 
 # -- options ------------------------------------------------------------------------

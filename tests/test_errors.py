@@ -18,7 +18,7 @@ from ipuxl import errors, transforms
 from ipuxl.errors import (
     AutodiffError, CaptureError, DataError, DetachedError, DeviceError, GraphContextError, InvalidArgumentError,
     IpuxlError, NameConflictError, PassError, ShapeMismatchError, StreamInputError, TraceError, BatchSizeError,
-    OptionsError, FrozenOptionsError,
+    OptionsError, FrozenOptionsError, ReplicaFailureError, ReplicationError,
 )
 
 F32 = ipuxl.float32
@@ -41,6 +41,8 @@ HIERARCHY = [
     (BatchSizeError, StreamInputError, (ValueError, RuntimeError)),
     (OptionsError, IpuxlError, (ValueError,)),
     (FrozenOptionsError, OptionsError, (ValueError, AttributeError)),
+    (ReplicaFailureError, DeviceError, (RuntimeError,)),
+    (ReplicationError, IpuxlError, (ValueError,)),
 ]
 
 

@@ -17,16 +17,16 @@ import ipuxl.transforms
 
 IPUXL = [
     "AnchorMode", "Constant", "DataLoader", "DataLoaderMode", "DeviceToHostStream", "Graph",
-    "HostToDeviceStream", "Ir", "Module", "Options", "OutputMode", "PoplarExecutor", "Session", "Tensor",
+    "HostToDeviceStream", "Ir", "Module", "Options", "OutputMode", "PoplarExecutor", "ReplicaGrouping", "Session", "Tensor",
     "TensorByRef", "TensorSpec", "Variable", "__version__", "bfloat16", "bool", "constant", "create_seeds",
     "d2h_stream", "dtype", "dtypes", "errors", "float16", "float32", "float64", "gcg", "get_current_graph",
     "graph_input", "h2d_stream", "identity_loss", "in_sequence", "inferenceModel", "int16", "int32", "int64",
-    "int8", "ops", "optim", "trainingModel", "transforms", "uint32", "uint8", "variable",
+    "int8", "ops", "optim", "replica_grouping", "trainingModel", "transforms", "uint32", "uint8", "variable",
 ]
 
 OPS = [
     "CallSiteInfo", "abs", "add", "add_", "argmax", "argmin", "average_pool", "call", "call_with_info", "cast",
-    "ceil", "clip", "concat", "conv", "cos", "create_seeds", "detach", "div", "dropout", "equal", "exp",
+    "ceil", "clip", "collectives", "concat", "conv", "cos", "create_seeds", "detach", "div", "dropout", "equal", "exp",
     "flatten", "floor", "fmod", "gather", "gelu", "getitem", "greater", "host_load", "host_store", "identity",
     "isinf", "isnan", "l1", "l2", "lamb_square", "layer_norm", "less", "log", "log_softmax", "logical_and",
     "logical_not", "logical_or", "logsumexp", "matmul", "max", "max_pool", "maximum", "mean", "min", "minimum",
@@ -77,14 +77,15 @@ def test_kinds_of_public_names():
     for name in ("dtypes", "errors", "ops", "transforms"):
         assert isinstance(getattr(ipuxl, name), types.ModuleType)
     assert isinstance(ipuxl.ops.var_updates, types.ModuleType)
+    assert isinstance(ipuxl.ops.collectives, types.ModuleType)
     for name in ("bfloat16", "bool", "float16", "float32", "float64", "int8", "int16", "int32", "int64",
                  "uint8", "uint32"):
         assert getattr(ipuxl, name) is getattr(ipuxl.dtypes, name)
-    for name in ("Constant", "DeviceToHostStream", "Graph", "HostToDeviceStream", "Ir", "Module", "Session",
-                 "Tensor", "TensorByRef", "TensorSpec", "Variable"):
+    for name in ("Constant", "DeviceToHostStream", "Graph", "HostToDeviceStream", "Ir", "Module", "ReplicaGrouping",
+                 "Session", "Tensor", "TensorByRef", "TensorSpec", "Variable"):
         assert isinstance(getattr(ipuxl, name), type), name
     for name in OPS:
-        if name != "var_updates":
+        if name not in ("var_updates", "collectives"):
             assert callable(getattr(ipuxl.ops, name)), name
     assert ipuxl.gcg is ipuxl.get_current_graph
     assert ipuxl.create_seeds is ipuxl.ops.create_seeds

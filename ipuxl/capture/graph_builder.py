@@ -15,9 +15,10 @@ import numpy as np
 import torch
 
 from ipuxl.dtypes import DOWNCAST, from_any, to_numpy_dtype
-from ipuxl.errors import GraphContextError, InvalidArgumentError
+from ipuxl.errors import GraphContextError, InvalidArgumentError, ReplicationError
 from ipuxl.ir import context
 from ipuxl.ir.ir import VariableRecord
+from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.ir.tensor import Constant, Tensor, TensorByRef, TensorSpec, Variable
 
 if TYPE_CHECKING:
@@ -74,11 +75,19 @@ def graph_input(shape: Any, dtype: torch.dtype, name: str | None = None,
 
 
 def variable(data: Any, dtype: torch.dtype | None = None, name: str | None = None,
-             downcast: bool = True, **unused: Any) -> Variable:
+             downcast: bool = True, replica_grouping: "ReplicaGrouping | None" = None,
+             retrieval_mode: str | None = None, **unused: Any) -> Variable:
     """Create a variable in the main graph, initialised with a copy of ``data``.
+
+    Every replica holds its own copy. With a ``replica_grouping`` of G > 1 groups,
+    ``data`` holds one value per group, shaped ``(G, *shape)``; ``retrieval_mode``
+    ("one_per_group", the default, or "all_replicas") sets what
+    ``Session.get_tensor_data`` returns, as in PopXL.
 
     Raises:
         GraphContextError: outside the main graph (variables live only there).
+        ReplicationError: a grouping of another replica count, or data without the
+            group dimension.
     """
     graph = context.gcg()
     if not graph.is_main:
@@ -91,12 +100,42 @@ def variable(data: Any, dtype: torch.dtype | None = None, name: str | None = Non
         )
     array, torch_dtype = _host_array(data, dtype, downcast)
     ir = graph.ir
+    shape = _grouped_shape(ir, name or "variable", array.shape, replica_grouping, retrieval_mode)
     attr = ir._unique(set(ir._variables) | set(graph.constants), _attr_name(name or "variable"))
     node = graph.fx.get_attr(attr)
-    _record_leaf(node, array.shape, torch_dtype, name or attr, "variable")
+    _record_leaf(node, shape, torch_dtype, name or attr, "variable")
     tensor = graph.wrap(node, Variable)
-    ir._variables[attr] = VariableRecord(tensor, array)
+    ir._variables[attr] = VariableRecord(tensor, array, replica_grouping, retrieval_mode or "one_per_group")
     return tensor  # type: ignore[return-value]
+
+
+def _grouped_shape(ir: "Ir", name: str, data_shape: tuple[int, ...], grouping: Any,
+                   retrieval_mode: str | None) -> tuple[int, ...]:
+    """The per-replica shape of a variable whose data holds one value per group."""
+    if retrieval_mode not in (None, "one_per_group", "all_replicas"):
+        raise InvalidArgumentError(f"variable '{name}': retrieval_mode {retrieval_mode!r} is not known",
+                                   where=context.user_source_line(),
+                                   fix="use 'one_per_group' or 'all_replicas'")
+    if grouping is None:
+        return tuple(data_shape)
+    if not isinstance(grouping, ReplicaGrouping):
+        raise InvalidArgumentError(f"variable '{name}': replica_grouping must be a ReplicaGrouping, "
+                                   f"got {type(grouping).__name__}", where=context.user_source_line(),
+                                   fix="make one with ir.replica_grouping(stride, group_size)")
+    if grouping.replication_factor != ir.replication_factor:
+        raise ReplicationError(
+            f"variable '{name}': {grouping} is for {grouping.replication_factor} replicas, the Ir has "
+            f"{ir.replication_factor}", where=context.user_source_line(),
+            fix="create the grouping with this Ir's ir.replica_grouping(...)")
+    if grouping.num_groups == 1:
+        return tuple(data_shape)
+    if not data_shape or data_shape[0] != grouping.num_groups:
+        raise ReplicationError(
+            f"variable '{name}': {grouping} has {grouping.num_groups} groups, so the data needs a leading "
+            f"dimension of {grouping.num_groups}; got data of shape {tuple(data_shape)}",
+            where=context.user_source_line(),
+            fix=f"stack one value per group: data of shape ({grouping.num_groups}, *variable_shape)")
+    return tuple(data_shape[1:])
 
 
 def constant(data: Any, dtype: torch.dtype | None = None, name: str | None = None,

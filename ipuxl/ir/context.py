@@ -112,3 +112,8 @@ def traceback_source_line(tb: Any) -> str | None:
             found = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno} in {tb.tb_frame.f_code.co_name}"
         tb = tb.tb_next
     return found
+
+
+def replica_grouping(stride: int = 1, group_size: int | None = None) -> "ReplicaGrouping":
+    """``ir.replica_grouping(stride, group_size)`` of the current graph's IR."""
+    return gcg().ir.replica_grouping(stride, group_size)

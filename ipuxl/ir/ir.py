@@ -9,6 +9,7 @@ import numpy as np
 
 from ipuxl.errors import InvalidArgumentError
 from ipuxl.ir.graph import Graph, _identifier
+from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream, _Stream
 from ipuxl.ir.tensor import Variable
 
@@ -17,10 +18,20 @@ __all__ = ["Ir"]
 
 @dataclass
 class VariableRecord:
-    """A variable of the main graph and the host data it is initialised with."""
+    """A variable of the main graph and the host data it is initialised with.
+
+    With a replica grouping of G > 1 groups, ``data`` holds one value per group,
+    shaped ``(G, *tensor.shape)``; ``retrieval_mode`` is PopXL's: "one_per_group"
+    (host data per group) or "all_replicas" (host data per replica).
+    """
 
     tensor: Variable
     data: np.ndarray
+    grouping: ReplicaGrouping | None = None
+    retrieval_mode: str = "one_per_group"
+
+    def replica_grouping(self, replication_factor: int) -> ReplicaGrouping:
+        return self.grouping or ReplicaGrouping(replication_factor)
 
 
 class Ir:
@@ -77,6 +88,19 @@ class Ir:
                 fix="set ir.num_host_transfers to the number of main-program runs per Session.run",
             )
         self._num_host_transfers = value
+
+    def replica_grouping(self, stride: int = 1, group_size: int | None = None) -> ReplicaGrouping:
+        """Groups of this IR's replicas: members ``stride`` apart, ``group_size`` per group
+        (default: ``replication_factor // stride``). See ``ReplicaGrouping``."""
+        return ReplicaGrouping(self.replication_factor, stride, group_size)
+
+    @property
+    def instance_replication_factor(self) -> int:
+        """Replicas run by this process (all of them unless launched with torchrun)."""
+        from ipuxl.device.replicas import world
+
+        size, _ = world()
+        return self.replication_factor // size if self.replication_factor % size == 0 else self.replication_factor
 
     # -- graphs -------------------------------------------------------------------------
     def create_graph(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Graph:

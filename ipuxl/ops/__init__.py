@@ -1,5 +1,5 @@
 """PopXL-style ops. Each builds one fx node in the current graph (``ipuxl.gcg()``)."""
-from ipuxl.ops import var_updates
+from ipuxl.ops import collectives, var_updates
 from ipuxl.ops.call import CallSiteInfo, call, call_with_info, repeat, repeat_with_info
 from ipuxl.ops.elementwise import (
     abs, add, add_, ceil, clip, cos, div, equal, exp, floor, fmod, gelu, greater, isinf, isnan, less, log,
@@ -21,7 +21,7 @@ from ipuxl.ops.shape import (
 )
 
 __all__ = [
-    "var_updates", "CallSiteInfo", "call", "call_with_info", "repeat", "repeat_with_info",
+    "collectives", "var_updates", "CallSiteInfo", "call", "call_with_info", "repeat", "repeat_with_info",
     "abs", "add", "add_", "ceil", "clip", "cos", "div", "equal", "exp", "floor", "fmod", "gelu", "greater",
     "isinf", "isnan", "less", "log", "logical_and", "logical_not", "logical_or", "maximum", "minimum", "mul",
     "negate", "pow", "relu", "scaled_add", "scaled_add_", "sigmoid", "sign", "sin", "sqrt", "sub", "swish",

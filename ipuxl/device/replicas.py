@@ -1,0 +1,303 @@
+"""Replicas at run time: one program, R copies, exact collectives.
+
+A session of an ``Ir(replication=R)`` runs the main program once per replica, each
+replica with its own variables and its own slice of the host data. Replicas of this
+process run in threads that take turns (one runs at a time, so torch's intra-op
+threads are not oversubscribed and results do not depend on scheduling); a
+collective op is a meeting point:
+
+1. every replica deposits its tensor and waits at a barrier;
+2. the last one to arrive stacks the tensors in replica order and, when the
+   program spans several processes (torchrun), all-gathers the stacks over
+   ``torch.distributed`` (gloo on CPU, NCCL on CUDA), so every process holds all R
+   contributions in the same order;
+3. the reduction runs once per group on that stack, in replica order, and each
+   replica takes its result.
+
+Because the reduction always runs on the same full stack in the same order, a
+program split over processes gives bit-for-bit the results of the in-process run.
+Cost per collective: one stack copy and one reduction per group, linear in R.
+
+A replica that fails breaks the barrier, so the others stop instead of waiting;
+a process that dies makes the all-gather of the others fail (gloo notices the
+closed connection, or the process group's timeout ends the wait).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ipuxl.errors import ReplicaFailureError, ReplicationError
+
+__all__ = ["world", "ensure_process_group", "Communicator", "run_replicas", "current_replica",
+           "all_reduce", "all_reduce_", "reduce_scatter", "all_gather", "REDUCTIONS"]
+
+_LOCAL = threading.local()
+
+#: How long a replica waits in a collective for the others (seconds); env IPUXL_REPLICA_TIMEOUT.
+DEFAULT_TIMEOUT = 300.0
+
+
+def _timeout() -> float:
+    return float(os.environ.get("IPUXL_REPLICA_TIMEOUT", DEFAULT_TIMEOUT))
+
+
+# -- processes --------------------------------------------------------------------------
+def world() -> tuple[int, int]:
+    """``(number of processes, this process's rank)``: torchrun's, or (1, 0)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    return (size, int(os.environ.get("RANK", "0"))) if size > 1 else (1, 0)
+
+
+def ensure_process_group(device: torch.device) -> None:
+    """Join torchrun's process group (gloo on CPU, NCCL on CUDA) if not joined yet."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() or world()[0] == 1:
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    try:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=_timeout()))
+    except (RuntimeError, ValueError) as exc:
+        raise ReplicaFailureError(
+            f"could not join the torch.distributed process group ({backend}): {str(exc).splitlines()[0]}",
+            where=f"rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}",
+            fix="launch with torchrun (it sets MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE)") from exc
+
+
+# -- the meeting point ------------------------------------------------------------------
+Combine = Callable[[torch.Tensor, Sequence[int]], list[torch.Tensor]]
+
+
+class Communicator:
+    """Collectives among ``replication_factor`` replicas, ``local`` of them in this process.
+
+    Args:
+        replication_factor: replicas in the whole program.
+        local: global indices of the replicas this process runs (consecutive).
+        distributed: whether other processes run the other replicas.
+    """
+
+    def __init__(self, replication_factor: int, local: Sequence[int], distributed: bool = False):
+        self.replication_factor = replication_factor
+        self.local = list(local)
+        self.distributed = distributed
+        self._slots: list[torch.Tensor | None] = [None] * len(self.local)
+        self._combine: Combine | None = None
+        self._results: list[torch.Tensor] = []
+        self._barrier = threading.Barrier(len(self.local), action=self._meet)
+        self._turn = threading.Lock()
+        self._failure: BaseException | None = None
+
+    def exchange(self, replica: int, tensor: torch.Tensor, combine: Combine) -> torch.Tensor:
+        """Deposit ``tensor`` of ``replica``; return its share of ``combine(all R tensors)``."""
+        i = replica - self.local[0]
+        if len(self.local) == 1 and not self.distributed:
+            return combine(tensor.unsqueeze(0), [replica])[0]
+        self._slots[i] = tensor
+        self._combine = combine
+        self._turn.release()
+        try:
+            self._barrier.wait(timeout=_timeout())
+        except threading.BrokenBarrierError:
+            raise ReplicaFailureError(
+                f"replica {replica} stopped in a collective: another replica failed or did not reach it "
+                f"within {_timeout():.0f} s", where=self._where(),
+                fix="see the first error reported (the failing replica); IPUXL_REPLICA_TIMEOUT sets the wait"
+            ) from self._failure
+        finally:
+            self._turn.acquire()
+        return self._results[i]
+
+    def _meet(self) -> None:
+        """Barrier action (in the last replica to arrive): gather, then combine once."""
+        try:
+            stacked = torch.stack(self._slots)  # a copy: replicas may now write their inputs
+            if self.distributed:
+                stacked = self._all_gather_processes(stacked)
+            self._results = self._combine(stacked, self.local)
+        except BaseException as exc:
+            self._failure = exc
+            raise
+        finally:
+            self._slots = [None] * len(self.local)
+
+    def _all_gather_processes(self, stacked: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        parts = [torch.empty_like(stacked) for _ in range(dist.get_world_size())]
+        try:
+            dist.all_gather(parts, stacked.contiguous())
+        except (RuntimeError, ValueError) as exc:  # gloo: closed connection or timeout
+            raise ReplicaFailureError(
+                f"a collective across processes failed: {str(exc).splitlines()[0]}", where=self._where(),
+                fix="another process probably died or stopped; see its output") from exc
+        return torch.cat(parts)
+
+    def gather_processes(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
+        """Concatenate every process's ``tensor`` along ``dim`` (outputs, weights)."""
+        if not self.distributed:
+            return tensor
+        moved = tensor.movedim(dim, 0).contiguous()
+        return self._all_gather_processes(moved).movedim(0, dim)
+
+    def _where(self) -> str:
+        size, rank = world()
+        replicas = f"replicas {self.local[0]}..{self.local[-1]} of {self.replication_factor}"
+        return f"{replicas}, process {rank} of {size}" if self.distributed else replicas
+
+    # -- running the replicas ---------------------------------------------------------
+    def abort(self, exc: BaseException) -> None:
+        if self._failure is None:
+            self._failure = exc
+        self._barrier.abort()
+
+
+def current_replica() -> tuple[Communicator | None, int]:
+    """The communicator and global replica index of the running thread ((None, 0) outside)."""
+    return getattr(_LOCAL, "comm", None), getattr(_LOCAL, "replica", 0)
+
+
+def run_replicas(comm: Communicator, work: Sequence[Callable[[], None]]) -> None:
+    """Run ``work[i]`` as replica ``comm.local[i]``, taking turns; re-raise the first failure."""
+    if len(work) == 1:
+        _LOCAL.comm, _LOCAL.replica = comm, comm.local[0]
+        comm._turn.acquire()
+        try:
+            work[0]()
+        finally:
+            comm._turn.release()
+            _LOCAL.comm = None
+        return
+    errors: list[tuple[int, BaseException]] = []
+
+    def body(i: int) -> None:
+        _LOCAL.comm, _LOCAL.replica = comm, comm.local[i]
+        comm._turn.acquire()
+        try:
+            work[i]()
+        except BaseException as exc:
+            errors.append((comm.local[i], exc))
+            comm.abort(exc)
+        finally:
+            comm._turn.release()
+
+    threads = [threading.Thread(target=body, args=(i,), name=f"ipuxl-replica-{r}", daemon=True)
+               for i, r in enumerate(comm.local)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    comm._barrier.reset()
+    comm._failure = None
+    if errors:
+        # the first real failure, not the replicas it stopped
+        _, exc = next(((r, e) for r, e in errors if not isinstance(e, ReplicaFailureError)), errors[0])
+        raise exc
+
+
+# -- collectives ------------------------------------------------------------------------
+def _sum(s: torch.Tensor) -> torch.Tensor:
+    return s.sum(0, dtype=s.dtype) if s.dtype != torch.bool else s.any(0)
+
+
+REDUCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "add": _sum,
+    "mean": lambda s: _sum(s).div_(s.shape[0]) if s.is_floating_point() else torch.div(_sum(s), s.shape[0],
+                                                                                          rounding_mode="floor"),
+    "mul": lambda s: s.prod(0, dtype=s.dtype),
+    "min": lambda s: s.amin(0),
+    "max": lambda s: s.amax(0),
+    "and": lambda s: s.bool().all(0).to(s.dtype),
+    "or": lambda s: s.bool().any(0).to(s.dtype),
+    "square_add": lambda s: (s * s).sum(0, dtype=s.dtype),
+}
+
+
+def _collective(t: torch.Tensor, stride: int, group_size: int, per_group: Callable[[torch.Tensor, int], torch.Tensor],
+                what: str, same_in_group: bool = False) -> torch.Tensor:
+    """This replica's result of ``per_group(stack of its group's tensors, its index in the group)``.
+
+    With ``same_in_group`` the result is computed once per group and the other
+    members get copies (each replica may write its result in place).
+    """
+    from ipuxl.ir.replica_grouping import ReplicaGrouping
+
+    comm, replica = current_replica()
+    replicas = comm.replication_factor if comm is not None else 1
+    if replicas % (stride * group_size):
+        raise ReplicationError(f"{what}: a group of size {group_size} (stride {stride}) does not divide the "
+                               f"{replicas} replicas running this program",
+                               fix="build the program for the replication factor the session runs")
+    if comm is None:
+        return per_group(t.unsqueeze(0), 0)
+    grouping = ReplicaGrouping(replicas, stride, group_size)
+
+    def combine(stacked: torch.Tensor, wanted: Sequence[int]) -> list[torch.Tensor]:
+        done: dict[tuple[int, int], torch.Tensor] = {}
+        out = []
+        for r in wanted:
+            members = grouping.members(r)
+            index = members.index(r)
+            key = (grouping.assignment[r], 0 if same_in_group else index)
+            if key in done:
+                out.append(done[key].clone())
+            else:
+                done[key] = per_group(stacked[members], index)
+                out.append(done[key])
+        return out
+
+    return comm.exchange(replica, t, combine)
+
+
+def all_reduce(t: torch.Tensor, op: str, stride: int, group_size: int) -> torch.Tensor:
+    reduce = REDUCTIONS[op]
+    return _collective(t, stride, group_size, lambda members, index: reduce(members),
+                       "replicated_all_reduce", same_in_group=True)
+
+
+def all_reduce_(t: torch.Tensor, op: str, stride: int, group_size: int) -> torch.Tensor:
+    return t.copy_(all_reduce(t, op, stride, group_size))
+
+
+def reduce_scatter(t: torch.Tensor, op: str, stride: int, group_size: int) -> torch.Tensor:
+    reduce = REDUCTIONS[op]
+    shard = -(-t.numel() // group_size)
+
+    def per_group(members: torch.Tensor, index: int) -> torch.Tensor:
+        flat = members.reshape(members.shape[0], -1)
+        pad = shard * group_size - flat.shape[1]
+        if pad:
+            flat = torch.nn.functional.pad(flat, (0, pad))
+        return reduce(flat[:, index * shard:(index + 1) * shard])
+
+    return _collective(t, stride, group_size, per_group, "replicated_reduce_scatter")
+
+
+def all_gather(t: torch.Tensor, axis: int, mode: str, stride: int, group_size: int,
+               meta_shape: tuple[int, ...] = ()) -> torch.Tensor:
+    def per_group(members: torch.Tensor, index: int) -> torch.Tensor:
+        if mode == "new_axis":
+            return members.clone()
+        if mode == "meta_shape":
+            return members.reshape(-1)[:_numel(meta_shape)].reshape(meta_shape).clone()
+        if members.dim() == 1:  # scalars: concat is a new axis
+            return members.clone()
+        return torch.cat(list(members.unbind(0)), dim=axis)  # "concat"
+
+    return _collective(t, stride, group_size, per_group, "replicated_all_gather")
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -1,0 +1,119 @@
+"""Collectives across replicas (PopXL's ``ops.collectives``).
+
+Each op combines one tensor from every replica of a group (default: all replicas
+of the ``Ir``). ``op`` is one of ``add``, ``mean``, ``mul``, ``min``, ``max``,
+``and``, ``or``, ``square_add``. With ``Ir(replication=1)`` they act on the one
+replica (an all-reduce returns a copy). The session runs them exactly, in replica
+order (see ``ipuxl.device.replicas``).
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from ipuxl.capture.builder import emit
+from ipuxl.device import replicas as rt
+from ipuxl.errors import InvalidArgumentError, ReplicationError
+from ipuxl.ir import context
+from ipuxl.ir.graph import describe
+from ipuxl.ir.replica_grouping import ReplicaGrouping
+from ipuxl.ir.tensor import Tensor
+
+__all__ = ["replicated_all_reduce", "replicated_all_reduce_", "replicated_reduce_scatter",
+           "replicated_all_gather", "CollectiveOps"]
+
+CollectiveOps = Literal["add", "mean", "mul", "min", "max", "and", "or", "square_add"]
+
+
+def _check(op_name: str, t: Tensor, op: str | None, group: ReplicaGrouping | None) -> ReplicaGrouping:
+    if not isinstance(t, Tensor):
+        raise InvalidArgumentError(f"{op_name} needs a Tensor, got {describe(t)}", where=context.user_source_line(),
+                                   fix="pass a tensor of the current graph")
+    if op is not None and op not in rt.REDUCTIONS:
+        raise InvalidArgumentError(f"{op_name}: unknown reduction op {op!r}", where=context.user_source_line(),
+                                   fix=f"use one of {sorted(rt.REDUCTIONS)}")
+    ir = context.gcg().ir
+    if group is None:
+        return ir.replica_grouping()
+    if not isinstance(group, ReplicaGrouping):
+        raise InvalidArgumentError(f"{op_name}: group must be a ReplicaGrouping, got {type(group).__name__}",
+                                   where=context.user_source_line(),
+                                   fix="make one with ir.replica_grouping(stride, group_size)")
+    if group.replication_factor != ir.replication_factor:
+        raise ReplicationError(
+            f"{op_name} of '{t.name}': {group} is for {group.replication_factor} replicas but the Ir has "
+            f"replication factor {ir.replication_factor}", where=context.user_source_line(),
+            fix="create the group with this Ir's ir.replica_grouping(stride, group_size); stride x group_size "
+                "must divide the replication factor")
+    return group
+
+
+def replicated_all_reduce(t: Tensor, op: CollectiveOps = "add", group: ReplicaGrouping | None = None) -> Tensor:
+    """Reduce ``t`` over the replicas of each group; every member gets the result."""
+    g = _check("replicated_all_reduce", t, op, group)
+    return emit("replicated_all_reduce", rt.all_reduce, (t, op, g.stride, g.group_size),
+                meta_fn=lambda x, *_: torch.empty_like(x), name=f"{t.name}_all_reduced")
+
+
+def replicated_all_reduce_(t: Tensor, op: CollectiveOps = "add", group: ReplicaGrouping | None = None) -> Tensor:
+    """In-place ``replicated_all_reduce``: writes the result into ``t`` and returns it."""
+    g = _check("replicated_all_reduce_", t, op, group)
+    return emit("replicated_all_reduce_", rt.all_reduce_, (t, op, g.stride, g.group_size),
+                meta_fn=lambda x, *_: x, modifies=t, name=f"{t.name}_all_reduced")
+
+
+def replicated_reduce_scatter(t: Tensor, op: CollectiveOps = "add", group: ReplicaGrouping | None = None,
+                              configure_output_for_replicated_tensor_sharding: bool = False) -> Tensor:
+    """Reduce ``t`` (flattened) over each group; member ``i`` gets the ``i``-th of
+    ``group_size`` equal 1-D slices (zero padded to a multiple of the group size).
+
+    With ``configure_output_for_replicated_tensor_sharding`` the result records
+    ``t``'s shape as its meta shape, so ``replicated_all_gather`` restores it.
+    """
+    g = _check("replicated_reduce_scatter", t, op, group)
+    shard = -(-t.nelms // g.group_size)
+    out = emit("replicated_reduce_scatter", rt.reduce_scatter, (t, op, g.stride, g.group_size),
+               meta_fn=lambda x, *_: torch.empty((shard,), dtype=x.dtype, device="meta"),
+               name=f"{t.name}_reduce_scattered")
+    if configure_output_for_replicated_tensor_sharding:
+        out.node.meta["ipuxl_meta_shape"] = tuple(t.shape)
+    return out
+
+
+def replicated_all_gather(t: Tensor, axis: int = 0, group: ReplicaGrouping | None = None,
+                          output_shape: Literal["new_axis", "concat", "meta_shape", "auto"] = "auto") -> Tensor:
+    """Gather ``t`` from every member of its group.
+
+    ``output_shape``: ``new_axis`` gives ``(group_size, *t.shape)``; ``concat``
+    concatenates along ``axis``; ``meta_shape`` restores the shape recorded by a
+    sharding reduce-scatter; ``auto`` is ``meta_shape`` when ``t`` has one, else ``concat``.
+    """
+    g = _check("replicated_all_gather", t, None, group)
+    meta_shape = tuple(t.node.meta.get("ipuxl_meta_shape", ()))
+    mode = output_shape if output_shape != "auto" else ("meta_shape" if meta_shape else "concat")
+    if mode not in ("new_axis", "concat", "meta_shape"):
+        raise InvalidArgumentError(f"replicated_all_gather: unknown output_shape {output_shape!r}",
+                                   where=context.user_source_line(),
+                                   fix="use 'new_axis', 'concat', 'meta_shape' or 'auto'")
+    if mode == "meta_shape" and not meta_shape:
+        raise InvalidArgumentError(f"replicated_all_gather: '{t.name}' has no meta shape",
+                                   where=context.user_source_line(),
+                                   fix="use output_shape='new_axis' or 'concat', or gather the output of "
+                                       "replicated_reduce_scatter(..., configure_output_for_replicated_tensor_"
+                                       "sharding=True)")
+    if mode == "concat" and not -t.rank <= axis < max(t.rank, 1):
+        raise InvalidArgumentError(f"replicated_all_gather: axis {axis} is out of range for {describe(t)}",
+                                   where=context.user_source_line(), fix=f"use an axis in [{-t.rank}, {t.rank})")
+
+    def meta(x: torch.Tensor, *_: object) -> torch.Tensor:
+        if mode == "new_axis":
+            return torch.empty((g.group_size, *x.shape), dtype=x.dtype, device="meta")
+        if mode == "meta_shape":
+            return torch.empty(meta_shape, dtype=x.dtype, device="meta")
+        if x.dim() == 0:
+            return torch.empty((g.group_size,), dtype=x.dtype, device="meta")
+        return torch.cat([x] * g.group_size, dim=axis)
+
+    return emit("replicated_all_gather", rt.all_gather, (t, axis, mode, g.stride, g.group_size, meta_shape),
+                meta_fn=meta, name=f"{t.name}_all_gathered")

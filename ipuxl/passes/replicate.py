@@ -1,0 +1,92 @@
+"""Replicate: plan how an ``Ir(replication=R)`` runs as R data-parallel replicas.
+
+The program itself is not rewritten: every replica runs the same compiled code
+with its own variables and its own slice of every host stream, and the collective
+ops in the program are where replicas meet (``ipuxl.device.replicas``). This pass
+decides what each process runs and checks that the program fits the replica count:
+
+- the processes (``torchrun``'s world, or just this one) split the R replicas into
+  equal consecutive blocks, so the world size must divide R;
+- every collective's group (stride x group size) must divide R;
+- each replica's initial variable values follow the variable's replica grouping
+  (one value per group, or the same value everywhere).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ipuxl.device.replicas import world
+from ipuxl.errors import ReplicationError
+from ipuxl.ir.ir import Ir, VariableRecord
+
+__all__ = ["ReplicaPlan", "plan_replicas", "COLLECTIVE_OPS"]
+
+COLLECTIVE_OPS = ("replicated_all_reduce", "replicated_all_reduce_", "replicated_reduce_scatter",
+                  "replicated_all_gather")
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    """Which replicas this process runs."""
+
+    replication_factor: int
+    processes: int
+    rank: int
+
+    @property
+    def local(self) -> list[int]:
+        per = self.replication_factor // self.processes
+        return list(range(self.rank * per, (self.rank + 1) * per))
+
+    @property
+    def distributed(self) -> bool:
+        return self.processes > 1
+
+    def initial_value(self, record: VariableRecord, replica: int) -> np.ndarray:
+        """Replica ``replica``'s initial value of a variable."""
+        grouping = record.replica_grouping(self.replication_factor)
+        return record.data[grouping.assignment[replica]] if grouping.num_groups > 1 else record.data
+
+
+def plan_replicas(ir: Ir) -> ReplicaPlan:
+    """Check ``ir`` against its replica count and this process's world; return the plan.
+
+    Raises:
+        ReplicationError: the world size does not divide R, or a collective's group
+            does not divide R.
+    """
+    replicas = ir.replication_factor
+    processes, rank = world()
+    if replicas % processes:
+        raise ReplicationError(
+            f"torchrun started {processes} processes but the program has {replicas} replicas; "
+            f"each process must run the same number of replicas",
+            where=f"process {rank} of {processes}, {ir!r}",
+            fix=f"launch with --nproc_per_node among {[d for d in range(1, replicas + 1) if replicas % d == 0]} "
+                f"(times the number of nodes), or change the replication factor")
+    for graph in ir.graphs:
+        for node in graph.fx.nodes:
+            if node.meta.get("ipuxl_op") in COLLECTIVE_OPS:
+                stride, size = _group_args(node)
+                if replicas % (stride * size):
+                    raise ReplicationError(
+                        f"{node.meta['ipuxl_op']} in graph '{graph.name}' uses a group of size {size} with "
+                        f"stride {stride}, which does not divide the {replicas} replicas",
+                        where=node.meta.get("ipuxl_source"),
+                        fix="build the group with ir.replica_grouping(...) of this Ir's replication factor")
+    for record in ir._variables.values():
+        if record.grouping is not None and record.grouping.replication_factor != replicas:
+            raise ReplicationError(
+                f"variable '{record.tensor.name}' has {record.grouping}, the Ir has {replicas} replicas",
+                where=record.tensor.node.meta.get("ipuxl_source"),
+                fix="set the Ir's replication factor before creating variables with replica groupings")
+    return ReplicaPlan(replicas, processes, rank)
+
+
+def _group_args(node) -> tuple[int, int]:
+    """(stride, group_size) of a collective node (see ``ipuxl.ops.collectives``)."""
+    if node.meta["ipuxl_op"] == "replicated_all_gather":  # (t, axis, mode, stride, size, meta_shape)
+        return node.args[3], node.args[4]
+    return node.args[2], node.args[3]  # (t, op, stride, size)
