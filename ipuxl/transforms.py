@@ -116,6 +116,7 @@ def autodiff(graph: Graph, grads_provided: Iterable[Tensor] | None = None,
         AutodiffError: a requested gradient has no differentiable path, or a tensor
             is not an input/output of ``graph``.
     """
+    _refuse_collectives(graph)
     provided = list(grads_provided) if grads_provided is not None else None
     required = list(grads_required) if grads_required is not None else None
     grad_graph, inputs, outputs = differentiate(graph, provided, required)
@@ -125,3 +126,22 @@ def autodiff(graph: Graph, grads_provided: Iterable[Tensor] | None = None,
         [ExpectedConnection(t, ExpectedConnectionType.FwdGrad) for t in outputs],
     )
     return {graph: info} if return_all_grad_graphs else info
+
+
+def _refuse_collectives(graph: Graph, seen: set | None = None) -> None:
+    """Collectives have no gradient rule yet: say so instead of failing inside the trace."""
+    from ipuxl.ir.lower import CallTarget
+    from ipuxl.passes.replicate import COLLECTIVE_OPS
+
+    seen = set() if seen is None else seen
+    seen.add(graph)
+    for node in graph.fx.nodes:
+        if node.meta.get("ipuxl_op") in COLLECTIVE_OPS:
+            raise AutodiffError(
+                f"autodiff of graph '{graph.name}': it contains {node.meta['ipuxl_op']} ('{node.name}'), "
+                "and differentiating through collectives is not supported",
+                where=node.meta.get("ipuxl_source"),
+                fix="differentiate the per-replica computation, then all-reduce its gradients in the caller "
+                    "(ops.collectives.replicated_all_reduce_(grad, 'mean')), the usual data-parallel pattern")
+        if isinstance(node.target, CallTarget) and node.target.graph not in seen:
+            _refuse_collectives(node.target.graph, seen)
