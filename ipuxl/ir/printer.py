@@ -44,6 +44,8 @@ _OP_TYPES = {
     "call": "Call", "repeat": "Loop", "host_load": "HostLoad", "host_store": "HostStore",
     "gelu_backward": "GeluGrad", "tanh_backward": "TanhGrad", "_softmax_backward_data": "SoftmaxGrad",
     "threshold_backward": "ReluGrad", "expand": "Expand", "clone": "Identity", "detach": "Detach",
+    "replicated_all_reduce": "ReplicatedAllReduce", "replicated_all_reduce_": "ReplicatedAllReduceInplace",
+    "replicated_reduce_scatter": "ReplicatedReduceScatter", "replicated_all_gather": "ReplicatedAllGather",
 }
 
 
