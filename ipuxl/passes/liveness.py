@@ -1,0 +1,131 @@
+"""Liveness: how many bytes of activations a graph holds at each step of a schedule.
+
+A *storage* is the memory one op allocates. Views (``reshape``, slices...), in-place
+results and tuple items do not allocate: they alias the storage they come from and
+keep it alive. A storage is live from the op that allocates it to the last op that
+reads it or any alias of it; a graph output lives to the end. Variables and
+constants are always live and counted apart (``always_live_bytes``). Inputs of a
+subgraph belong to the caller; the main graph's host loads are host-stream buffers.
+
+A call to a subgraph adds, while it runs, the callee's own peak (computed from the
+callee's program order, once per graph).
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+import torch
+import torch.fx as fx
+
+if TYPE_CHECKING:
+    from ipuxl.ir.graph import Graph
+
+__all__ = ["LiveProfile", "live_profile", "storage_root", "node_bytes", "always_live_bytes", "stream_bytes"]
+
+
+@dataclass
+class LiveProfile:
+    """Live activation bytes per scheduled op (``live[i]`` while ``order[i]`` runs)."""
+
+    order: list[fx.Node]
+    live: list[int] = field(default_factory=list)
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.live, default=0)
+
+    @property
+    def peak_at(self) -> fx.Node | None:
+        return self.order[self.live.index(self.peak_bytes)] if self.live else None
+
+
+def tensor_bytes(value: Any) -> int:
+    """Bytes of a meta value: a tensor, or a tuple/list of them."""
+    if isinstance(value, torch.Tensor):
+        return math.prod(value.shape) * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
+
+
+def storage_root(node: fx.Node) -> fx.Node:
+    """The node whose allocation ``node``'s value lives in."""
+    while True:
+        parent = node.meta.get("ipuxl_modifies") or node.meta.get("ipuxl_view_of")
+        if parent is None and node.op == "call_function" and node.target is operator.getitem:
+            parent = node.args[0]
+        if parent is None:
+            return node
+        node = parent
+
+
+def _allocates(node: fx.Node) -> bool:
+    if node.op in ("get_attr", "output"):
+        return False
+    if node.op == "placeholder":
+        return False
+    return storage_root(node) is node
+
+
+def node_bytes(node: fx.Node) -> int:
+    """Bytes the op allocates (0 for views, in-place results, tuple items, leaves)."""
+    return tensor_bytes(node.meta.get("val")) if _allocates(node) else 0
+
+
+def always_live_bytes(graph: "Graph") -> int:
+    """Variables and constants of ``graph`` (and, for the main graph, of the IR)."""
+    total = 0
+    for node in graph.fx.nodes:
+        if node.op == "get_attr":
+            total += tensor_bytes(node.meta.get("val"))
+    return total
+
+
+def stream_bytes(graph: "Graph") -> int:
+    """Host-stream buffers of a main graph: one slot per loaded or stored stream."""
+    return sum(tensor_bytes(n.meta.get("val")) for n in graph.fx.nodes
+               if n.op == "placeholder" and n.meta.get("ipuxl_role") in ("h2d", "d2h"))
+
+
+def live_profile(graph: "Graph", order: Sequence[fx.Node] | None = None,
+                 _callee_peaks: dict | None = None) -> LiveProfile:
+    """Live activation bytes at each op of ``order`` (default: program order)."""
+    from ipuxl.ir.lower import CallTarget
+
+    nodes = [n for n in (order if order is not None else graph.fx.nodes) if n.op not in ("placeholder", "get_attr",
+                                                                                          "output")]
+    position = {n: i for i, n in enumerate(nodes)}
+    end = len(nodes)
+    last_use: dict[fx.Node, int] = {}
+    for node in nodes:
+        for arg in node.all_input_nodes:
+            root = storage_root(arg)
+            last_use[root] = max(last_use.get(root, -1), position[node])
+    for t in graph.outputs:
+        last_use[storage_root(t.node)] = end
+    callee_peaks = {} if _callee_peaks is None else _callee_peaks
+    profile = LiveProfile(list(nodes))
+    live = 0
+    frees: dict[int, int] = {}
+    for i, node in enumerate(nodes):
+        size = node_bytes(node)
+        live += size
+        if size:
+            frees[last_use.get(node, i)] = frees.get(last_use.get(node, i), 0) + size
+        transient = 0
+        if isinstance(node.target, CallTarget):
+            callee = node.target.graph
+            if callee not in callee_peaks:
+                callee_peaks[callee] = 0  # recursion guard
+                callee_peaks[callee] = live_profile(callee, None, callee_peaks).peak_bytes
+            transient = callee_peaks[callee]
+        profile.live.append(live + transient)
+        live -= frees.pop(i, 0)
+    return profile
+
+
+def peak_bytes(graph: "Graph", order: Iterable[fx.Node] | None = None) -> int:
+    return live_profile(graph, list(order) if order is not None else None).peak_bytes
