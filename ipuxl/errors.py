@@ -17,6 +17,8 @@ __all__ = [
     "TraceError",
     "PassError",
     "AutodiffError",
+    "OutlineError",
+    "InplaceOrderError",
     "DeviceError",
     "StreamInputError",
     "DetachedError",
@@ -26,6 +28,7 @@ __all__ = [
     "FrozenOptionsError",
     "ReplicationError",
     "ReplicaFailureError",
+    "OutOfMemoryError",
 ]
 
 
@@ -77,6 +80,15 @@ class AutodiffError(PassError, ValueError):
     """``transforms.autodiff`` was asked for something it cannot produce."""
 
 
+class OutlineError(PassError, ValueError):
+    """Graphs asked to share one outlined graph are not identical (the message says where)."""
+
+
+class InplaceOrderError(PassError, RuntimeError):
+    """A read of a tensor and an in-place write of its storage have no data path between
+    them, so their order is only program order (PopXL's scheduler may run them either way)."""
+
+
 # -- device -----------------------------------------------------------------------
 class DeviceError(IpuxlError, RuntimeError):
     """The simulated device could not run the program."""
@@ -98,6 +110,11 @@ class BatchSizeError(StreamInputError):
 class ReplicaFailureError(DeviceError):
     """A replica (a thread in this process or another torch.distributed process)
     failed or stopped answering, so the collective every replica waits in cannot finish."""
+
+
+class OutOfMemoryError(DeviceError, MemoryError):
+    """The program does not fit in the memory of one IPU (``"ipu_model"`` device): the
+    message has the breakdown (variables, code, peak activations, stream buffers)."""
 
 
 # -- replication ------------------------------------------------------------------

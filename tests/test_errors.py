@@ -16,9 +16,9 @@ import ipuxl
 import ipuxl.ops as ops
 from ipuxl import errors, transforms
 from ipuxl.errors import (
-    AutodiffError, CaptureError, DataError, DetachedError, DeviceError, GraphContextError, InvalidArgumentError,
+    AutodiffError, OutlineError, CaptureError, DataError, DetachedError, DeviceError, GraphContextError, InvalidArgumentError,
     IpuxlError, NameConflictError, PassError, ShapeMismatchError, StreamInputError, TraceError, BatchSizeError,
-    OptionsError, FrozenOptionsError, ReplicaFailureError, ReplicationError,
+    OptionsError, FrozenOptionsError, ReplicaFailureError, ReplicationError, OutOfMemoryError,
 )
 
 F32 = ipuxl.float32
@@ -33,6 +33,7 @@ HIERARCHY = [
     (NameConflictError, CaptureError, (ValueError,)),
     (PassError, IpuxlError, ()),
     (AutodiffError, PassError, (ValueError,)),
+    (OutlineError, PassError, (ValueError,)),
     (DeviceError, IpuxlError, (RuntimeError,)),
     (StreamInputError, DeviceError, (ValueError, RuntimeError)),
     (DetachedError, DeviceError, (RuntimeError,)),
@@ -43,6 +44,8 @@ HIERARCHY = [
     (FrozenOptionsError, OptionsError, (ValueError, AttributeError)),
     (ReplicaFailureError, DeviceError, (RuntimeError,)),
     (ReplicationError, IpuxlError, (ValueError,)),
+    (errors.InplaceOrderError, PassError, (RuntimeError,)),
+    (OutOfMemoryError, DeviceError, (RuntimeError, MemoryError)),
 ]
 
 
