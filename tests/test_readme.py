@@ -42,3 +42,14 @@ def test_readme_poptorch_example_runs_and_matches_eager_eval():
     model.eval()
     with torch.no_grad():  # reading the host model pulls the trained weights
         assert_close(scope["logits"], model(dataset.tensors[0][:80]))
+
+
+def test_readme_replication_example_runs_and_averages_over_replicas():
+    code = [c for c in re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+            if "Ir(replication=2)" in c][0]
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    data = torch.from_numpy(scope["data"])                 # (steps, replicas, 4)
+    mean = (data * 2.0).mean(1, keepdim=True)               # every replica gets the replicas' mean
+    assert_close(torch.from_numpy(scope["g_out"]), mean.expand_as(data))
+    assert_close(torch.from_numpy(scope["w_final"]), -0.1 * mean[:, 0].sum(0))

@@ -25,6 +25,7 @@ closed connection, or the process group's timeout ends the wait).
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import threading
 from typing import Any, Callable, Sequence
@@ -74,7 +75,7 @@ def ensure_process_group(device: torch.device) -> None:
 
 
 # -- the meeting point ------------------------------------------------------------------
-Combine = Callable[[torch.Tensor, Sequence[int]], list[torch.Tensor]]
+Combine = Callable[[list[torch.Tensor], Sequence[int]], list[torch.Tensor]]
 
 
 class Communicator:
@@ -101,7 +102,7 @@ class Communicator:
         """Deposit ``tensor`` of ``replica``; return its share of ``combine(all R tensors)``."""
         i = replica - self.local[0]
         if len(self.local) == 1 and not self.distributed:
-            return combine(tensor.unsqueeze(0), [replica])[0]
+            return combine([tensor], [replica])[0]
         self._slots[i] = tensor
         self._combine = combine
         self._turn.release()
@@ -118,12 +119,16 @@ class Communicator:
         return self._results[i]
 
     def _meet(self) -> None:
-        """Barrier action (in the last replica to arrive): gather, then combine once."""
+        """Barrier action (in the last replica to arrive): gather, then combine once.
+
+        No replica runs until the action returns, so the combine reads the replicas'
+        tensors in place; its results are new tensors.
+        """
         try:
-            stacked = torch.stack(self._slots)  # a copy: replicas may now write their inputs
+            tensors: list[torch.Tensor] = list(self._slots)  # type: ignore[arg-type]
             if self.distributed:
-                stacked = self._all_gather_processes(stacked)
-            self._results = self._combine(stacked, self.local)
+                tensors = list(self._all_gather_processes(torch.stack(tensors)).unbind(0))
+            self._results = self._combine(tensors, self.local)  # type: ignore[misc]
         except BaseException as exc:
             self._failure = exc
             raise
@@ -139,7 +144,8 @@ class Communicator:
         except (RuntimeError, ValueError) as exc:  # gloo: closed connection or timeout
             raise ReplicaFailureError(
                 f"a collective across processes failed: {str(exc).splitlines()[0]}", where=self._where(),
-                fix="another process probably died or stopped; see its output") from exc
+                fix="another process probably died or stopped (see its output); a slow one may need a longer "
+                    f"wait than IPUXL_REPLICA_TIMEOUT={_timeout():.0f} s") from exc
         return torch.cat(parts)
 
     def gather_processes(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
@@ -205,29 +211,52 @@ def run_replicas(comm: Communicator, work: Sequence[Callable[[], None]]) -> None
 
 
 # -- collectives ------------------------------------------------------------------------
-def _sum(s: torch.Tensor) -> torch.Tensor:
-    return s.sum(0, dtype=s.dtype) if s.dtype != torch.bool else s.any(0)
+# Reductions fold the group's tensors in replica order: the same arithmetic in every
+# process, so results are bitwise identical however the replicas are spread.
+def _fold(tensors: Sequence[torch.Tensor], start: Callable[[torch.Tensor], torch.Tensor],
+          step: Callable[[torch.Tensor, torch.Tensor], Any]) -> torch.Tensor:
+    acc = start(tensors[0])
+    for t in tensors[1:]:
+        step(acc, t)
+    return acc
 
 
-REDUCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+def _sum(ts: Sequence[torch.Tensor]) -> torch.Tensor:
+    if ts[0].dtype == torch.bool:
+        return _fold(ts, torch.clone, torch.Tensor.logical_or_)
+    return _fold(ts, torch.clone, torch.Tensor.add_)
+
+
+def _mean(ts: Sequence[torch.Tensor]) -> torch.Tensor:
+    total = _sum(ts)
+    return total.div_(len(ts)) if total.is_floating_point() else total.div_(len(ts), rounding_mode="floor")
+
+
+def _logical(ts: Sequence[torch.Tensor], step: Callable[[torch.Tensor, torch.Tensor], Any]) -> torch.Tensor:
+    return _fold([t.bool() for t in ts], torch.clone, step).to(ts[0].dtype)
+
+
+REDUCTIONS: dict[str, Callable[[Sequence[torch.Tensor]], torch.Tensor]] = {
     "add": _sum,
-    "mean": lambda s: _sum(s).div_(s.shape[0]) if s.is_floating_point() else torch.div(_sum(s), s.shape[0],
-                                                                                          rounding_mode="floor"),
-    "mul": lambda s: s.prod(0, dtype=s.dtype),
-    "min": lambda s: s.amin(0),
-    "max": lambda s: s.amax(0),
-    "and": lambda s: s.bool().all(0).to(s.dtype),
-    "or": lambda s: s.bool().any(0).to(s.dtype),
-    "square_add": lambda s: (s * s).sum(0, dtype=s.dtype),
+    "mean": _mean,
+    "mul": lambda ts: _fold(ts, torch.clone, torch.Tensor.mul_),
+    "min": lambda ts: _fold(ts, torch.clone, lambda a, t: torch.minimum(a, t, out=a)),
+    "max": lambda ts: _fold(ts, torch.clone, lambda a, t: torch.maximum(a, t, out=a)),
+    "and": lambda ts: _logical(ts, torch.Tensor.logical_and_),
+    "or": lambda ts: _logical(ts, torch.Tensor.logical_or_),
+    "square_add": lambda ts: _fold(ts, lambda t: t * t, lambda a, t: a.addcmul_(t, t)),
 }
 
+PerGroup = Callable[[list[torch.Tensor], int], torch.Tensor]
 
-def _collective(t: torch.Tensor, stride: int, group_size: int, per_group: Callable[[torch.Tensor, int], torch.Tensor],
-                what: str, same_in_group: bool = False) -> torch.Tensor:
-    """This replica's result of ``per_group(stack of its group's tensors, its index in the group)``.
 
-    With ``same_in_group`` the result is computed once per group and the other
-    members get copies (each replica may write its result in place).
+def _collective(t: torch.Tensor, stride: int, group_size: int, per_group: PerGroup, what: str,
+                shared: str = "") -> torch.Tensor:
+    """This replica's result of ``per_group(its group's tensors in order, its index in the group)``.
+
+    ``shared``: "" computes per member; "copy" computes once per group and gives the
+    other members copies (they may write them); "same" gives every member the one
+    result (the caller only reads it).
     """
     from ipuxl.ir.replica_grouping import ReplicaGrouping
 
@@ -238,20 +267,20 @@ def _collective(t: torch.Tensor, stride: int, group_size: int, per_group: Callab
                                f"{replicas} replicas running this program",
                                fix="build the program for the replication factor the session runs")
     if comm is None:
-        return per_group(t.unsqueeze(0), 0)
+        return per_group([t], 0)
     grouping = ReplicaGrouping(replicas, stride, group_size)
 
-    def combine(stacked: torch.Tensor, wanted: Sequence[int]) -> list[torch.Tensor]:
+    def combine(tensors: list[torch.Tensor], wanted: Sequence[int]) -> list[torch.Tensor]:
         done: dict[tuple[int, int], torch.Tensor] = {}
         out = []
         for r in wanted:
             members = grouping.members(r)
             index = members.index(r)
-            key = (grouping.assignment[r], 0 if same_in_group else index)
+            key = (grouping.assignment[r], index if not shared else 0)
             if key in done:
-                out.append(done[key].clone())
+                out.append(done[key].clone() if shared == "copy" else done[key])
             else:
-                done[key] = per_group(stacked[members], index)
+                done[key] = per_group([tensors[m] for m in members], index)
                 out.append(done[key])
         return out
 
@@ -261,43 +290,35 @@ def _collective(t: torch.Tensor, stride: int, group_size: int, per_group: Callab
 def all_reduce(t: torch.Tensor, op: str, stride: int, group_size: int) -> torch.Tensor:
     reduce = REDUCTIONS[op]
     return _collective(t, stride, group_size, lambda members, index: reduce(members),
-                       "replicated_all_reduce", same_in_group=True)
+                       "replicated_all_reduce", shared="copy")
 
 
 def all_reduce_(t: torch.Tensor, op: str, stride: int, group_size: int) -> torch.Tensor:
-    return t.copy_(all_reduce(t, op, stride, group_size))
+    reduce = REDUCTIONS[op]
+    result = _collective(t, stride, group_size, lambda members, index: reduce(members),
+                         "replicated_all_reduce_", shared="same")
+    return t.copy_(result)
 
 
 def reduce_scatter(t: torch.Tensor, op: str, stride: int, group_size: int) -> torch.Tensor:
     reduce = REDUCTIONS[op]
     shard = -(-t.numel() // group_size)
 
-    def per_group(members: torch.Tensor, index: int) -> torch.Tensor:
-        flat = members.reshape(members.shape[0], -1)
-        pad = shard * group_size - flat.shape[1]
-        if pad:
-            flat = torch.nn.functional.pad(flat, (0, pad))
-        return reduce(flat[:, index * shard:(index + 1) * shard])
+    def per_group(members: list[torch.Tensor], index: int) -> torch.Tensor:
+        pad = shard * group_size - t.numel()
+        flat = [torch.nn.functional.pad(m.reshape(-1), (0, pad)) if pad else m.reshape(-1) for m in members]
+        return reduce([f[index * shard:(index + 1) * shard] for f in flat])
 
     return _collective(t, stride, group_size, per_group, "replicated_reduce_scatter")
 
 
 def all_gather(t: torch.Tensor, axis: int, mode: str, stride: int, group_size: int,
                meta_shape: tuple[int, ...] = ()) -> torch.Tensor:
-    def per_group(members: torch.Tensor, index: int) -> torch.Tensor:
-        if mode == "new_axis":
-            return members.clone()
+    def per_group(members: list[torch.Tensor], index: int) -> torch.Tensor:
+        if mode == "new_axis" or members[0].dim() == 0:  # scalars: concat is a new axis
+            return torch.stack(members)
         if mode == "meta_shape":
-            return members.reshape(-1)[:_numel(meta_shape)].reshape(meta_shape).clone()
-        if members.dim() == 1:  # scalars: concat is a new axis
-            return members.clone()
-        return torch.cat(list(members.unbind(0)), dim=axis)  # "concat"
+            return torch.cat([m.reshape(-1) for m in members])[:math.prod(meta_shape)].reshape(meta_shape)
+        return torch.cat(members, dim=axis)  # "concat"
 
-    return _collective(t, stride, group_size, per_group, "replicated_all_gather")
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+    return _collective(t, stride, group_size, per_group, "replicated_all_gather", shared="copy")

@@ -6,7 +6,8 @@ ops in the program are where replicas meet (``ipuxl.device.replicas``). This pas
 decides what each process runs and checks that the program fits the replica count:
 
 - the processes (``torchrun``'s world, or just this one) split the R replicas into
-  equal consecutive blocks, so the world size must divide R;
+  equal consecutive blocks, so the world size must divide R (a program with one
+  replica is not split: each process runs its own copy, e.g. an evaluation);
 - every collective's group (stride x group size) must divide R;
 - each replica's initial variable values follow the variable's replica grouping
   (one value per group, or the same value everywhere).
@@ -59,6 +60,8 @@ def plan_replicas(ir: Ir) -> ReplicaPlan:
     """
     replicas = ir.replication_factor
     processes, rank = world()
+    if replicas == 1:  # not replicated: under torchrun every process runs its own copy
+        processes, rank = 1, 0
     if replicas % processes:
         raise ReplicationError(
             f"torchrun started {processes} processes but the program has {replicas} replicas; "
