@@ -3,7 +3,8 @@
 ``torch.fx``'s own DCE treats every Python callable as pure, so it would delete
 ``Tensor.add_`` and other in-place updates (see the DESIGN note). This pass only
 removes nodes known to be pure: aten ops whose schema mutates nothing, tuple
-indexing and ``torch.clone``, and never a node ipuxl recorded as writing a tensor.
+indexing, ``torch.clone`` and functions marked ``_ipuxl_pure`` (the device's kernel
+choices, ``device.fuse.select_kernels``), and never a node ipuxl recorded as writing a tensor.
 Typical win: the gradient of the input images, which ``autodiff`` computes by
 default (as PopXL does) and nothing reads.
 """
@@ -33,4 +34,4 @@ def _is_pure(node: fx.Node) -> bool:
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
         return not target._schema.is_mutable
-    return target in (operator.getitem, torch.clone)
+    return target in (operator.getitem, torch.clone) or getattr(target, "_ipuxl_pure", False)

@@ -28,7 +28,10 @@ from ipuxl.ir.graph import Graph
 from ipuxl.ir.ir import Ir, VariableRecord
 from ipuxl.device.replicas import Communicator, ensure_process_group, run_replicas
 from ipuxl.device.dce import eliminate_dead_code
-from ipuxl.device.fuse import call_random_ops_directly, fuse_adam_steps, fuse_adam_updates, fuse_matmul_updates
+from ipuxl.device.resources import check_fits
+from ipuxl.device.fuse import (
+    call_random_ops_directly, fuse_adam_steps, fuse_adam_updates, fuse_matmul_updates, select_kernels,
+)
 from ipuxl.ir.lower import CallTarget, compiled_callee, lower_graph
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream
 from ipuxl.ir.tensor import Constant, Tensor, Variable
@@ -67,6 +70,8 @@ class Session:
         self.device_type = device_desc
         self.device = device_for(device_desc)
         self._plan = plan_replicas(ir)
+        if device_desc == "ipu_model":  # the IPU resource model: fail before compiling when it cannot fit
+            check_fits(ir)
         if self._plan.distributed:
             ensure_process_group(self.device)
         replicated = ir.replication_factor > 1
@@ -97,7 +102,7 @@ class Session:
         module = lower_graph(graph, self._compile_callee, attrs, inline=lambda g: self._call_sites[g] == 1)
         changed = [eliminate_dead_code(module.graph), fuse_matmul_updates(module.graph),
                    fuse_adam_steps(module.graph), fuse_adam_updates(module.graph),
-                   call_random_ops_directly(module.graph)]
+                   call_random_ops_directly(module.graph), select_kernels(module.graph)]
         if any(changed):
             module.recompile()
         return module.to(self.device)
@@ -119,6 +124,13 @@ class Session:
         """The main program's arguments in order: ("h2d", stream) inputs and ("d2h", stream) slots."""
         return [(n.meta["ipuxl_role"], n.meta["ipuxl_stream"]) for n in self.ir.main_graph.fx.nodes
                 if n.op == "placeholder" and n.meta.get("ipuxl_role") in ("h2d", "d2h")]
+
+    def report(self, spec: Any = None) -> Any:
+        """The program's ``ipuxl.report.ProgramReport``: op counts, code size, call sites,
+        memory per IPU (``spec``: an ``IpuSpec``, default the configured one) and FLOPs."""
+        from ipuxl.report import program_report
+
+        return program_report(self.ir, spec)
 
     @property
     def code(self) -> str:
@@ -343,21 +355,38 @@ class Session:
         return grouping.assignment[replica] if grouping.num_groups > 1 else None
 
     def weights_to_host(self) -> None:
-        """Copy every variable from the device to its host buffer."""
+        """Copy every variable from the device to its host buffer.
+
+        Each host row is read from a replica of this process: the group's first
+        replica here, or for a group with no replica in this process (torchrun) the
+        row keeps its last host value. Reading weights never needs the other
+        processes, so a rank may read them alone without waiting for the others.
+        """
         self._require_attached("weights_to_host")
+        local = self._plan.local
         for tensor, host in self._host.items():
             record, attr = self._records[tensor], self._attr(tensor)
             rows = self._host_replicas(record)
-            if self._plan.distributed:
-                stacked = torch.stack([v[attr].detach() for v in self._replica_vars])
-                every = self._comm.gather_processes(stacked, 0).to("cpu")  # type: ignore[union-attr]
-                values = every[rows] if rows is not None else every[0]
-            else:
-                local = self._plan.local
-                values = (torch.stack([self._replica_vars[local.index(r)][attr].detach() for r in rows]).to("cpu")
-                          if rows is not None else self._device_vars[attr].detach().to("cpu"))
-            host[...] = values.float().numpy() if values.dtype == torch.bfloat16 else values.numpy()
+            if rows is None:
+                value = self._device_vars[attr].detach().to("cpu")
+                host[...] = value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
+                continue
+            for row, replica in enumerate(rows):
+                source = self._local_member(record, replica)
+                if source is not None:
+                    value = self._replica_vars[local.index(source)][attr].detach().to("cpu")
+                    host[row] = value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
         self._host_in_sync = True
+
+    def _local_member(self, record: VariableRecord, replica: int) -> int | None:
+        """``replica`` if it runs here, else (one_per_group) a member of its group that does."""
+        local = set(self._plan.local)
+        if replica in local:
+            return replica
+        if record.retrieval_mode == "all_replicas":
+            return None
+        members = record.replica_grouping(self.ir.replication_factor).members(replica)
+        return next((m for m in members if m in local), None)
 
     def weights_from_host(self) -> None:
         """Copy every variable's host buffer to the device (each replica its row)."""

@@ -95,7 +95,7 @@ def sgd_(weight: Tensor, grad: Tensor, *, lr: Hyper, momentum: Hyper = 0.0, damp
         d_p = scaled_add(d_p, buf, 1.0, momentum) if nesterov else buf
     if step is not None:
         add_(step, 1.0)
-    scaled_add_(weight, d_p, b=-lr)
+    scaled_add_(weight, d_p, b=_negated(lr))
 
 
 def adam_(weight: Tensor, grad: Tensor, first_order: Tensor, second_order: Tensor, step: Tensor | None = None,
@@ -148,7 +148,7 @@ def adam_(weight: Tensor, grad: Tensor, first_order: Tensor, second_order: Tenso
         update = var_updates.adam_updater(_as(m, dtype), v, weight, None, None, None, None, eps)
         if step is not None:
             add_(step, 1.0)
-    scaled_add_(weight, update, b=-lr)
+    scaled_add_(weight, update, b=_negated(lr))
 
 
 def lamb_(weight: Tensor, grad: Tensor, first_order: Tensor, second_order: Tensor, step: Tensor | None = None,
@@ -219,7 +219,7 @@ def rmsprop_(weight: Tensor, grad: Tensor, square_avg: Tensor, *, lr: Hyper, alp
     direction = g / (sqrt(s) + eps)
     if use_momentum:
         direction = _as(_axpby_(momentum_buffer, direction, momentum, 1.0, dtype), dtype)
-    scaled_add_(weight, direction, b=-lr)
+    scaled_add_(weight, direction, b=_negated(lr))
 
 
 RULES: dict[str, Callable[..., None]] = {"sgd": sgd_, "adam": adam_, "adamw": adam_, "lamb": lamb_,
@@ -356,6 +356,48 @@ def _check_states(rule: str, weight: Tensor, **states: Tensor | None) -> None:
 
 def _compute_dtype(weight: Tensor, grad: Tensor) -> torch.dtype:
     return torch.promote_types(weight.dtype, grad.dtype)
+
+
+def _negated(value: Hyper) -> Hyper:
+    """``-value``. A tensor (a learning-rate variable) is negated once in its graph and
+    that result reused by the later updates, one ``neg`` op per step and param group
+    instead of one per weight, as long as no op in between writes the tensor."""
+    if not isinstance(value, Tensor):
+        return -value
+    cached = value.node.meta.get("ipuxl_negated")
+    if cached is not None:
+        negated, checked = cached
+        if (negated.graph is value.node.graph and not getattr(negated, "_erased", False)
+                and not getattr(checked, "_erased", False) and not _written_after(value.node, checked)):
+            value.node.meta["ipuxl_negated"] = (negated, _last_node(negated.graph))
+            return value.graph.wrap(negated)
+    result = -value
+    value.node.meta["ipuxl_negated"] = (result.node, result.node)
+    return result
+
+
+def _last_node(graph: Any) -> Any:
+    return next(iter(reversed(graph.nodes)))
+
+
+def _written_after(source: Any, start: Any) -> bool:
+    """True when an op after fx node ``start`` writes ``source``'s storage (or a view of it)."""
+    root = _storage_root(source)
+    node = start.next
+    while node.op != "root":  # the fx graph's sentinel closes the list
+        if any(_storage_root(w) is root for w in node.meta.get("ipuxl_writes", ())):
+            return True
+        node = node.next
+    return False
+
+
+def _storage_root(node: Any) -> Any:
+    """The node owning the storage ``node`` aliases (through in-place ops and views)."""
+    while True:
+        nxt = node.meta.get("ipuxl_modifies", node.meta.get("ipuxl_view_of"))
+        if nxt is None:
+            return node
+        node = nxt
 
 
 def _as(t: Tensor, dtype: torch.dtype) -> Tensor:

@@ -19,6 +19,7 @@ Algorithm:
 """
 from __future__ import annotations
 
+import operator
 from typing import Any, Sequence
 
 import torch
@@ -154,6 +155,13 @@ def _tag_forward(joint: fx.GraphModule, n_fwd: int) -> None:
         if node not in forward_nodes:
             forward_nodes.add(node)
             stack.extend(node.all_input_nodes)
+    # Every result of a forward op with several results is forward too (nll_loss_forward's
+    # total_weight, max_pool's indices...): tagged backward, a result the backward reads
+    # would make the partitioner run the whole op again in the backward.
+    for node in list(forward_nodes):
+        if node.users and all(user.op == "call_function" and user.target is operator.getitem
+                              for user in node.users):
+            forward_nodes.update(node.users)
     for node in joint.graph.nodes:
         if node.op in ("call_function", "get_attr"):
             node.meta["partitioner_tag"] = FWD_TAG if node in forward_nodes else BWD_TAG

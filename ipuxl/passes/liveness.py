@@ -1,8 +1,8 @@
 """Liveness: how many bytes of activations a graph holds at each step of a schedule.
 
-A *storage* is the memory one op allocates. Views (``reshape``, slices...), in-place
-results and tuple items do not allocate: they alias the storage they come from and
-keep it alive. A storage is live from the op that allocates it to the last op that
+A *storage* is the memory one op allocates. Views (``reshape``, slices...) and in-place
+results do not allocate: they alias the storage they come from and keep it alive.
+Each output of a multi-output op (a call) is its own storage, owned by its tuple item. A storage is live from the op that allocates it to the last op that
 reads it or any alias of it; a graph output lives to the end. Variables and
 constants are always live and counted apart (``always_live_bytes``). Inputs of a
 subgraph belong to the caller; the main graph's host loads are host-stream buffers.
@@ -52,26 +52,31 @@ def tensor_bytes(value: Any) -> int:
 
 
 def storage_root(node: fx.Node) -> fx.Node:
-    """The node whose allocation ``node``'s value lives in."""
+    """The node whose allocation ``node``'s value lives in.
+
+    Each output of a multi-output op (a call's outputs, ``max_pool``'s values and
+    indices) is its own storage, owned by its tuple item, so one output can be freed
+    while another is still read.
+    """
     while True:
         parent = node.meta.get("ipuxl_modifies") or node.meta.get("ipuxl_view_of")
-        if parent is None and node.op == "call_function" and node.target is operator.getitem:
-            parent = node.args[0]
         if parent is None:
             return node
         node = parent
 
 
+def _is_tuple(node: fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), (tuple, list))
+
+
 def _allocates(node: fx.Node) -> bool:
-    if node.op in ("get_attr", "output"):
-        return False
-    if node.op == "placeholder":
-        return False
+    if node.op in ("get_attr", "output", "placeholder") or _is_tuple(node):
+        return False  # leaves belong to others; a tuple's outputs are allocated by its items
     return storage_root(node) is node
 
 
 def node_bytes(node: fx.Node) -> int:
-    """Bytes the op allocates (0 for views, in-place results, tuple items, leaves)."""
+    """Bytes the op allocates (0 for views, in-place results, tuples, leaves)."""
     return tensor_bytes(node.meta.get("val")) if _allocates(node) else 0
 
 
@@ -117,6 +122,7 @@ def live_profile(graph: "Graph", order: Sequence[fx.Node] | None = None,
             frees[last_use.get(node, i)] = frees.get(last_use.get(node, i), 0) + size
         transient = 0
         if isinstance(node.target, CallTarget):
+            # while it runs: the callee's peak, its outputs included (its tuple items own them after)
             callee = node.target.graph
             if callee not in callee_peaks:
                 callee_peaks[callee] = 0  # recursion guard

@@ -1,0 +1,401 @@
+"""The IPU resource model of the ``"ipu_model"`` device: does a program fit on one IPU?
+
+An IPU (Mk2 GC200) has 1472 tiles with 624 KiB of SRAM each (~897 MiB) and no other
+memory: variables, the compiled program itself and the live activations all share
+it. ``estimate(ir)`` adds up, **per IPU** (one replica: an ``Ir(replication=R)``
+runs R copies of the program, one per IPU, so every number here is one replica's):
+
+* **variables** and **constants**: always live (``get_attr`` tensors of every
+  compiled graph; a constant of an outlined graph exists once);
+* **code**: op instances in the compiled program times ``IpuSpec.code_bytes_per_op``.
+  The main graph and every *distinct* graph it reaches count once: a graph called
+  from several sites is one shared (outlined) function, a graph with one call site
+  is inlined by the device, once. Each call of an outlined graph and each
+  ``ops.repeat`` loop adds ``code_bytes_per_call_site`` (a few control
+  instructions). Views (reshape, transpose, slices...) and tuple items are tensor
+  re-indexing in Poplar, not code: they count 0;
+* **peak activations**: the peak of ``passes.liveness.live_profile`` of the main graph
+  in the memory-aware schedule (``passes.schedule.memory_schedule`` when available,
+  else program order); a call adds its callee's own peak while it runs;
+* **stream buffers**: one slot per host stream (``passes.liveness.stream_bytes``).
+  The device loop runs one step at a time and the host feeds/collects each step's
+  slice, so ``num_host_transfers`` does not multiply the device-side buffers.
+
+``Session(ir, "ipu_model")`` raises ``OutOfMemoryError`` with this breakdown when the
+total exceeds ``IpuSpec.memory_bytes``; ``"cpu"`` and ``"ipu_hw"`` have no limit.
+
+Which spec is used: the ``spec=`` argument when given, else ``DEFAULT_SPEC``
+(reassign it or call ``set_default_spec``) with the fields named by environment
+variables replaced: ``IPUXL_IPU_MEMORY_MIB`` (total memory per IPU, MiB),
+``IPUXL_IPU_TILES``, ``IPUXL_IPU_BYTES_PER_TILE``, ``IPUXL_IPU_CODE_BYTES_PER_OP``,
+``IPUXL_IPU_CODE_BYTES_PER_CALL_SITE``.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import operator
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator
+
+import torch.fx as fx
+
+from ipuxl.errors import InvalidArgumentError, OutOfMemoryError
+from ipuxl.passes.liveness import LiveProfile, live_profile, stream_bytes, tensor_bytes
+
+if TYPE_CHECKING:
+    from ipuxl.ir.graph import Graph
+    from ipuxl.ir.ir import Ir
+
+__all__ = [
+    "IpuSpec", "DEFAULT_SPEC", "ResourceEstimate", "CallSite", "estimate", "check_fits", "get_spec",
+    "set_default_spec", "use_spec", "reachable_graphs", "call_sites", "code_nodes", "is_view", "op_type", "mib",
+]
+
+KiB, MiB = 1024, 1024 * 1024
+
+
+@dataclass(frozen=True)
+class IpuSpec:
+    """Memory of one IPU and the cost of compiled code.
+
+    Attributes:
+        tiles: tiles per IPU (1472 on a Mk2 GC200).
+        bytes_per_tile: SRAM per tile (624 KiB on a Mk2), so ~897 MiB per IPU.
+        code_bytes_per_op: bytes of compiled code per op instance, 8 KiB by default.
+            Poplar compiles each op into compute sets spread over the tiles: per tile
+            it touches, control code, exchange code and vertex state take tens of
+            bytes. 8 KiB is ~5.6 B on each of the 1472 tiles, the average of small
+            elementwise ops (a few tiles, a few hundred bytes) and large matmuls
+            (all tiles, tens of KiB). With it, 10k op instances of an unrolled model
+            take ~78 MiB and ~115k fill the whole IPU, the order of magnitude at which
+            large inlined models ran out of memory from code alone, which is why
+            PopXL programs outline repeated layers.
+        code_bytes_per_call_site: bytes per call of an outlined graph or ``repeat``
+            loop: a call is a few control instructions (256 B by default).
+        memory_bytes_override: total memory per IPU, replacing
+            ``tiles * bytes_per_tile`` (set by ``IPUXL_IPU_MEMORY_MIB``).
+    """
+
+    tiles: int = 1472
+    bytes_per_tile: int = 624 * KiB
+    code_bytes_per_op: int = 8 * KiB
+    code_bytes_per_call_site: int = 256
+    memory_bytes_override: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tiles", "bytes_per_tile", "code_bytes_per_op", "code_bytes_per_call_site"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidArgumentError(f"IpuSpec.{name} must be an int >= 0, got {value!r}",
+                                           fix="e.g. IpuSpec(tiles=1472, bytes_per_tile=624 * 1024)")
+
+    @property
+    def memory_bytes(self) -> int:
+        """Memory of one IPU: everything a replica holds must fit in it."""
+        if self.memory_bytes_override is not None:
+            return self.memory_bytes_override
+        return self.tiles * self.bytes_per_tile
+
+    def describe(self) -> str:
+        if self.memory_bytes_override is not None:
+            return "set by IPUXL_IPU_MEMORY_MIB" if os.environ.get("IPUXL_IPU_MEMORY_MIB") else "memory_bytes_override"
+        return f"{self.tiles} tiles x {self.bytes_per_tile / KiB:g} KiB"
+
+
+DEFAULT_SPEC = IpuSpec()
+
+_ENV = {
+    "IPUXL_IPU_TILES": "tiles",
+    "IPUXL_IPU_BYTES_PER_TILE": "bytes_per_tile",
+    "IPUXL_IPU_CODE_BYTES_PER_OP": "code_bytes_per_op",
+    "IPUXL_IPU_CODE_BYTES_PER_CALL_SITE": "code_bytes_per_call_site",
+}
+
+
+def get_spec(spec: IpuSpec | None = None) -> IpuSpec:
+    """``spec`` if given, else ``DEFAULT_SPEC`` with the environment's overrides."""
+    if spec is not None:
+        if not isinstance(spec, IpuSpec):
+            raise InvalidArgumentError(f"spec must be an IpuSpec, got {spec!r}", fix="pass ipuxl.device.resources.IpuSpec(...)")
+        return spec
+    changes: dict[str, int] = {}
+    for var, name in _ENV.items():
+        if os.environ.get(var):
+            changes[name] = _env_number(var, int)
+    if os.environ.get("IPUXL_IPU_MEMORY_MIB"):
+        changes["memory_bytes_override"] = int(_env_number("IPUXL_IPU_MEMORY_MIB", float) * MiB)
+    return dataclasses.replace(DEFAULT_SPEC, **changes) if changes else DEFAULT_SPEC
+
+
+def _env_number(var: str, kind: type) -> int | float:
+    text = os.environ[var]
+    try:
+        value = kind(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidArgumentError(f"environment variable {var}={text!r} is not a number >= 0",
+                                   fix=f"set {var} to e.g. 900, or unset it")
+    return value
+
+
+def set_default_spec(spec: IpuSpec) -> IpuSpec:
+    """Make ``spec`` the default of every later estimate and ``"ipu_model"`` session;
+    returns the previous default (to restore it)."""
+    global DEFAULT_SPEC
+    if not isinstance(spec, IpuSpec):
+        raise InvalidArgumentError(f"set_default_spec needs an IpuSpec, got {spec!r}", fix="pass IpuSpec(...)")
+    previous, DEFAULT_SPEC = DEFAULT_SPEC, spec
+    return previous
+
+
+@contextlib.contextmanager
+def use_spec(spec: IpuSpec) -> Iterator[IpuSpec]:
+    """``with use_spec(IpuSpec(tiles=4)):`` the default spec inside the block."""
+    previous = set_default_spec(spec)
+    try:
+        yield spec
+    finally:
+        set_default_spec(previous)
+
+
+def mib(n: int | float) -> str:
+    """Bytes as MiB with one decimal."""
+    return f"{n / MiB:.1f}"
+
+
+# -- the program's structure -----------------------------------------------------------
+@dataclass(frozen=True)
+class CallSite:
+    """One call/repeat node: ``caller`` graph, node name, ``count`` iterations (1 for a call)."""
+
+    caller: str
+    node: str
+    kind: str  # "call" or "repeat"
+    count: int = 1
+
+    def __str__(self) -> str:
+        return f"{self.caller}:{self.node}" + (f" (repeat x{self.count})" if self.kind == "repeat" else "")
+
+
+def _callee(node: fx.Node) -> "Graph | None":
+    from ipuxl.ir.lower import CallTarget
+
+    return node.target.graph if node.op == "call_function" and isinstance(node.target, CallTarget) else None
+
+
+def reachable_graphs(ir: "Ir") -> list["Graph"]:
+    """The main graph and every graph it calls, directly or not (the compiled ones), in IR order."""
+    seen = {ir.main_graph}
+    todo = [ir.main_graph]
+    while todo:
+        for node in todo.pop().fx.nodes:
+            callee = _callee(node)
+            if callee is not None and callee not in seen:
+                seen.add(callee)
+                todo.append(callee)
+    return [g for g in ir.graphs if g in seen]
+
+
+def call_sites(ir: "Ir") -> dict["Graph", list[CallSite]]:
+    """For each graph of the IR, the call/repeat nodes of compiled graphs that call it."""
+    from ipuxl.ir.lower import RepeatTarget
+
+    sites: dict[Graph, list[CallSite]] = {g: [] for g in ir.graphs}
+    for graph in reachable_graphs(ir):
+        for node in graph.fx.nodes:
+            callee = _callee(node)
+            if callee is not None:
+                repeat = isinstance(node.target, RepeatTarget)
+                sites.setdefault(callee, []).append(CallSite(graph.name, node.name, "repeat" if repeat else "call",
+                                                             node.target.count if repeat else 1))
+    return sites
+
+
+def is_inlined(graph: "Graph", sites: dict["Graph", list[CallSite]]) -> bool:
+    """The device copies a graph with one call site (a plain call, not a loop) into its caller."""
+    own = sites.get(graph, [])
+    return len(own) == 1 and own[0].kind == "call"
+
+
+def is_view(node: fx.Node) -> bool:
+    return "ipuxl_view_of" in node.meta
+
+
+def is_op(node: fx.Node) -> bool:
+    """An op instance of the program: a call_function that is not a tuple item, or a host load."""
+    if node.op == "placeholder":
+        return node.meta.get("ipuxl_op") == "host_load"
+    return node.op == "call_function" and node.target is not operator.getitem
+
+
+def code_nodes(graph: "Graph") -> list[fx.Node]:
+    """The ops of ``graph`` that become code: ops except views and subgraph calls."""
+    return [n for n in graph.fx.nodes if is_op(n) and not is_view(n) and _callee(n) is None]
+
+
+def op_type(node: fx.Node) -> str:
+    """A readable op type: PopXL's op name when the builder recorded it, else the torch op's."""
+    op = node.meta.get("ipuxl_op")
+    if op and op != "output_of":
+        return str(op)
+    target = node.target
+    name = getattr(target, "_opname", None) or getattr(target, "__name__", None) or str(target)
+    return str(name)
+
+
+# -- the estimate ---------------------------------------------------------------------
+@dataclass
+class ResourceEstimate:
+    """Memory of one replica (one IPU) of a program; all sizes in bytes."""
+
+    spec: IpuSpec
+    replication_factor: int
+    variable_bytes: int
+    num_variables: int
+    constant_bytes: int
+    code_bytes: int
+    code_ops: int
+    outlined_call_sites: int
+    activation_bytes: int
+    peak_op: str
+    stream_bytes: int
+    num_streams: int
+    code_bytes_by_graph: dict[str, int] = field(default_factory=dict)
+    schedule: str = "program order"
+
+    @property
+    def total_bytes(self) -> int:
+        return self.variable_bytes + self.constant_bytes + self.code_bytes + self.activation_bytes + self.stream_bytes
+
+    @property
+    def available_bytes(self) -> int:
+        return self.spec.memory_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.available_bytes
+
+    def components(self) -> list[tuple[str, int, str]]:
+        """(name, bytes, detail) per part of the total."""
+        s = self.spec
+        calls = f" + {self.outlined_call_sites} call sites x {s.code_bytes_per_call_site} B" if self.outlined_call_sites else ""
+        return [
+            ("variables", self.variable_bytes, f"{self.num_variables} tensor{'s' * (self.num_variables != 1)}, always live, per replica"),
+            ("constants", self.constant_bytes, "always live"),
+            ("code", self.code_bytes, f"{self.code_ops} op instances x {s.code_bytes_per_op / KiB:g} KiB{calls}"),
+            ("peak activations", self.activation_bytes, f"at {self.peak_op}, {self.schedule}"),
+            ("stream buffers", self.stream_bytes, f"{self.num_streams} streams, one slot each"),
+        ]
+
+    def breakdown(self) -> str:
+        """The aligned table of the parts, in MiB with one decimal."""
+        rows = [(name, mib(size), detail) for name, size, detail in self.components()]
+        rows.append(("total", mib(self.total_bytes), f"of {mib(self.available_bytes)} MiB available per IPU"))
+        width = max(len(r[1]) for r in rows)
+        return "\n".join(f"  {name + ':':<18} {size:>{width}} MiB  ({detail})" for name, size, detail in rows)
+
+    def suggestions(self) -> list[str]:
+        """What would make the program fit, most useful (largest part) first; parts under
+        10% of the total are left out (the largest part is always there)."""
+        advice = {
+            "code": "outline repeated blocks so their code exists once: build a block as one subgraph and call it "
+                    "from every site (ir.create_graph + ops.call, or ops.repeat), or run ipuxl.passes.outline on "
+                    f"a traced model ({self.code_ops} op instances are compiled now)",
+            "peak activations": "reduce live activations: recompute activations in the backward pass instead of "
+                                "keeping them, or use a smaller micro-batch (gradient accumulation keeps the batch)",
+            "variables": "spread the variables: more replicas with replicated tensor sharding of the optimiser "
+                         "state, sharding the model over several IPUs, or a smaller dtype (float16/bfloat16)",
+            "stream buffers": "use smaller host transfers (a smaller micro-batch per step)",
+            "constants": "make large constants variables or compute them on the device",
+        }
+        parts = sorted(((size, name) for name, size, _ in self.components() if size and name in advice), reverse=True)
+        return [advice[name] for i, (size, name) in enumerate(parts) if i == 0 or size >= 0.1 * self.total_bytes]
+
+    def summary(self) -> str:
+        verdict = "fits" if self.fits else "does NOT fit"
+        return (f"{mib(self.total_bytes)} MiB of {mib(self.available_bytes)} MiB per IPU ({verdict}; "
+                f"replication factor {self.replication_factor}: one replica per IPU)")
+
+    def check(self, where: str | None = None) -> None:
+        """Raise ``OutOfMemoryError`` (breakdown + what would help) unless the program fits."""
+        if self.fits:
+            return
+        over = self.total_bytes - self.available_bytes
+        what = (f"the program does not fit in the memory of one IPU: it needs {mib(self.total_bytes)} MiB per "
+                f"replica, the IPU has {mib(self.available_bytes)} MiB ({self.spec.describe()}), "
+                f"{mib(over)} MiB too much\n{self.breakdown()}")
+        numbered = "; ".join(f"({i}) {s}" for i, s in enumerate(self.suggestions(), 1))
+        raise OutOfMemoryError(what, where=where,
+                               fix=f"{numbered}. Or run with device 'cpu' (no memory limit), or configure "
+                                   "ipuxl.device.resources.DEFAULT_SPEC / IPUXL_IPU_MEMORY_MIB")
+
+
+def _schedule(graph: "Graph") -> tuple[list[fx.Node] | None, str]:
+    try:
+        from ipuxl.passes.schedule import memory_schedule
+    except ImportError:
+        return None, "program order"
+    return list(memory_schedule(graph)), "memory schedule"
+
+
+def activation_profile(ir: "Ir") -> tuple[LiveProfile, str]:
+    """Live activation bytes of the main graph in the schedule the estimate uses."""
+    order, schedule = _schedule(ir.main_graph)
+    return live_profile(ir.main_graph, order), schedule
+
+
+def describe_node(node: fx.Node | None) -> str:
+    if node is None:
+        return "no op"
+    callee = _callee(node)
+    if callee is not None:
+        return f"the call of '{callee.name}' ('{node.name}')"
+    return f"op '{node.meta.get('ipuxl_name', node.name)}' ({op_type(node)})"
+
+
+def graph_code_bytes(graph: "Graph", sites: dict["Graph", list[CallSite]], spec: IpuSpec) -> tuple[int, int, int]:
+    """(code bytes, code op instances, outlined call sites) of one compiled graph."""
+    ops = len(code_nodes(graph))
+    calls = sum(1 for n in graph.fx.nodes if (c := _callee(n)) is not None and not is_inlined(c, sites))
+    return ops * spec.code_bytes_per_op + calls * spec.code_bytes_per_call_site, ops, calls
+
+
+def estimate(ir: "Ir", spec: IpuSpec | None = None) -> ResourceEstimate:
+    """Per-IPU memory of ``ir`` (see the module docstring for what counts)."""
+    spec = get_spec(spec)
+    graphs = reachable_graphs(ir)
+    sites = call_sites(ir)
+    variables = constants = num_variables = 0
+    code = code_ops = outlined = 0
+    by_graph: dict[str, int] = {}
+    for graph in graphs:
+        for node in graph.fx.nodes:
+            if node.op == "get_attr":
+                size = tensor_bytes(node.meta.get("val"))
+                if node.meta.get("ipuxl_role") == "variable":
+                    variables += size
+                    num_variables += 1
+                else:
+                    constants += size
+        g_code, g_ops, g_calls = graph_code_bytes(graph, sites, spec)
+        by_graph[graph.name] = g_code
+        code, code_ops, outlined = code + g_code, code_ops + g_ops, outlined + g_calls
+    profile, schedule = activation_profile(ir)
+    main = ir.main_graph
+    streams = sum(1 for n in main.fx.nodes if n.op == "placeholder" and n.meta.get("ipuxl_role") in ("h2d", "d2h"))
+    return ResourceEstimate(
+        spec=spec, replication_factor=ir.replication_factor, variable_bytes=variables, num_variables=num_variables,
+        constant_bytes=constants, code_bytes=code, code_ops=code_ops, outlined_call_sites=outlined,
+        activation_bytes=profile.peak_bytes, peak_op=describe_node(profile.peak_at), stream_bytes=stream_bytes(main),
+        num_streams=streams, code_bytes_by_graph=by_graph, schedule=schedule)
+
+
+def check_fits(ir: "Ir", spec: IpuSpec | None = None, where: str | None = None) -> ResourceEstimate:
+    """``estimate(ir, spec)``, raising ``OutOfMemoryError`` when it does not fit."""
+    result = estimate(ir, spec)
+    result.check(where or f"Session({ir!r}, 'ipu_model')")
+    return result

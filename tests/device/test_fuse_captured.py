@@ -1,0 +1,204 @@
+"""Device compilation of captured (``trainingModel``) programs: the generated code is
+lean and still trains exactly like eager PyTorch (the oracle).
+
+Structural checks on ``session.code`` (the main program's generated Python):
+
+* a captured Linear's weight gradient, ``t(t(mm(a, g)))`` in ``make_fx``'s trace,
+  is fused into its SGD update as one ``addmm_`` (``device.fuse``);
+* the learning rate is negated once per param group per step (``optim.rules``);
+* ``nll_loss_forward`` runs once per step (``passes.autodiff`` keeps its second
+  result, ``total_weight``, in the forward);
+* max pooling runs through ``device.fuse.max_pool2d_with_indices`` (the channels-last
+  kernel), which gives bit for bit the values and indices of the NCHW kernel.
+"""
+from __future__ import annotations
+
+import copy
+import re
+
+import numpy as np
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+import ipuxl
+import ipuxl.ops as ops
+from ipuxl.device.fuse import fold_inverse_transposes, max_pool2d_with_indices
+from ipuxl.optim import rules
+
+TOL = dict(rtol=1e-5, atol=1e-6)
+aten = torch.ops.aten
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(12, 16), nn.Linear(16, 5)
+        self.loss = nn.CrossEntropyLoss()
+
+    def forward(self, x, y):
+        out = self.fc2(torch.relu(self.fc1(x)))
+        return out, self.loss(out, y)
+
+
+class CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(1, 8, 3), nn.Conv2d(8, 16, 3)
+        self.pool, self.fc = nn.MaxPool2d(2), nn.Linear(16 * 2 * 2, 4)
+        self.loss = nn.CrossEntropyLoss()
+
+    def forward(self, x, y):
+        x = torch.relu(self.pool(self.conv1(x)))
+        x = torch.relu(self.pool(self.conv2(x)))
+        out = self.fc(x.view(-1, 64))
+        return out, self.loss(out, y)
+
+
+def _train(model: nn.Module, make_opt, x: torch.Tensor, y: torch.Tensor, n: int):
+    """(ipuxl executor, eager copy) after one call of n steps on each side."""
+    torch.manual_seed(0)
+    eager = copy.deepcopy(model)
+    eager_opt = make_opt(eager)
+    ipu = ipuxl.trainingModel(model, ipuxl.Options().deviceIterations(n), optimizer=make_opt(model))
+    _, loss = ipu(x, y)
+    for xs, ys in zip(x.chunk(n), y.chunk(n)):
+        eager_opt.zero_grad()
+        _, ref_loss = eager(xs, ys)
+        ref_loss.backward()
+        eager_opt.step()
+    ipu.copyWeightsToHost()
+    for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), msg=lambda m, n=name: f"{n}: {m}", **TOL)
+    torch.testing.assert_close(loss, ref_loss.detach(), **TOL)
+    return ipu, eager
+
+
+def _data(shape, batch, classes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, *shape, generator=g), torch.randint(0, classes, (batch,), generator=g)
+
+
+def _calls(code: str, name: str) -> int:
+    return len(re.findall(rf"\b{name}\(", code))
+
+
+def test_captured_linear_weight_updates_are_fused_into_addmm():
+    torch.manual_seed(0)
+    x, y = _data((12,), 4 * 6, 5)
+    ipu, _ = _train(MLP(), lambda m: torch.optim.SGD(m.parameters(), lr=0.1), x, y, n=4)
+    code = ipu.session.code
+    assert _calls(code, "torch_Tensor_addmm_") == 2, code  # fc1.weight and fc2.weight
+    assert _calls(code, "torch_Tensor_addcmul_") == 2, code  # the biases
+    # no transpose of a transpose is left
+    transposed = set(re.findall(r"(\w+) = torch\.ops\.aten\.t\.default\((\w+)\)", code))
+    names = {out for out, _ in transposed}
+    assert not [src for _, src in transposed if src in names], code
+
+
+def test_learning_rate_is_negated_once_per_group():
+    torch.manual_seed(0)
+    x, y = _data((12,), 3 * 4, 5)
+
+    def groups(m):
+        return torch.optim.SGD([{"params": m.fc1.parameters(), "lr": 0.05}, {"params": m.fc2.parameters()}], lr=0.1)
+
+    ipu, _ = _train(MLP(), groups, x, y, n=3)
+    assert _calls(ipu.session.code, "torch.neg") == 2, ipu.session.code
+
+
+def test_nll_loss_forward_runs_once_per_step():
+    torch.manual_seed(0)
+    x, y = _data((12,), 4, 5)
+    ipu, _ = _train(MLP(), lambda m: torch.optim.SGD(m.parameters(), lr=0.1), x, y, n=1)
+    assert _calls(ipu.session.code, "torch.ops.aten.nll_loss_forward.default") == 1, ipu.session.code
+
+
+def test_cnn_max_pool_uses_the_channels_last_kernel_and_trains_like_eager():
+    torch.manual_seed(0)
+    x, y = _data((1, 14, 14), 3 * 4, 4)
+    ipu, _ = _train(CNN(), lambda m: torch.optim.SGD(m.parameters(), lr=0.05), x, y, n=3)
+    code = ipu.session.code
+    assert _calls(code, "ipuxl_device_fuse_max_pool2d_with_indices") == 2, code
+    assert _calls(code, "torch.ops.aten.max_pool2d_with_indices.default") == 0, code
+    assert _calls(code, "torch.neg") == 1 and _calls(code, "torch_Tensor_addmm_") == 1, code
+
+
+@pytest.mark.parametrize("shape,args", [
+    ((2, 16, 9, 9), ([2, 2], [2, 2])),
+    ((2, 8, 10, 7), ([3, 3], [2, 2], [1, 1], [1, 1], True)),  # overlapping windows, padding, ceil
+    ((1, 32, 6, 6), ([2, 3], [1, 2], [0, 1], [2, 1])),  # dilation
+    ((2, 3, 6, 6), ([2, 2], [2, 2])),  # few channels: the NCHW kernel itself
+])
+def test_max_pool_helper_is_bitwise_the_aten_kernel(shape, args):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-3, 4, shape, generator=g).float()  # many ties
+    x.view(-1)[::7] = float("nan")
+    x.view(-1)[3::11] = float("-inf")
+    want = aten.max_pool2d_with_indices.default(x, *args)
+    got = max_pool2d_with_indices(x, *args)
+    for a, b in zip(got, want):
+        assert a.stride() == b.stride() and a.dtype == b.dtype
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+def _graph(build) -> fx.Graph:
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = torch.empty(2, 3, 4, device="meta")
+    out = build(graph, x)
+    graph.output(out)
+    return graph
+
+
+def _call(graph: fx.Graph, target, *args) -> fx.Node:
+    node = graph.call_function(target, args)
+    node.meta["val"] = target(*[a.meta["val"] if isinstance(a, fx.Node) else a for a in args])
+    return node
+
+
+def test_fold_inverse_transposes():
+    def build(graph, x):
+        p = _call(graph, aten.permute.default, x, [2, 0, 1])
+        back = _call(graph, aten.permute.default, p, [1, 2, 0])  # undoes p
+        tr = _call(graph, aten.transpose.int, x, 0, -1)
+        tr_back = _call(graph, aten.transpose.int, tr, 2, 0)
+        same = _call(graph, aten.permute.default, p, [2, 0, 1])  # does not undo p
+        total = _call(graph, aten.add.Tensor, back, tr_back)
+        return (_call(graph, aten.add.Tensor, total, _call(graph, aten.sum.default, same)), back)
+
+    graph = _graph(build)
+    x = torch.randn(2, 3, 4)
+    want = fx.GraphModule(torch.nn.Module(), copy.deepcopy(graph))(x)
+    assert fold_inverse_transposes(graph)
+    adds = [n for n in graph.nodes if n.target is aten.add.Tensor]
+    assert [a.name for a in adds[0].args] == ["x", "x"]
+    assert not [n for n in graph.nodes if n.target is aten.transpose.int]
+    assert len([n for n in graph.nodes if n.target is aten.permute.default]) == 3  # p, same, back (an output)
+    got = fx.GraphModule(torch.nn.Module(), graph)(x)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert not fold_inverse_transposes(graph)
+
+
+def test_negated_learning_rate_is_not_reused_after_the_rate_is_written():
+    ir = ipuxl.Ir()
+    with ir.main_graph:
+        lr = ipuxl.variable(np.float32(0.5), ipuxl.float32, name="lr")
+        w1 = ipuxl.variable(np.ones(3, np.float32), ipuxl.float32, name="w1")
+        w2 = ipuxl.variable(np.ones(3, np.float32), ipuxl.float32, name="w2")
+        w3 = ipuxl.variable(np.ones(3, np.float32), ipuxl.float32, name="w3")
+        g = ipuxl.constant(np.full(3, 2.0, np.float32), ipuxl.float32)
+        rules.sgd_(w1, g, lr=lr)
+        rules.sgd_(w2, g, lr=lr)  # reuses -lr
+        ops.var_updates.copy_var_update_(lr, ipuxl.constant(np.float32(0.25), ipuxl.float32))
+        rules.sgd_(w3, g, lr=lr)  # lr changed: negated again
+    negs = [n for n in ir.main_graph.fx.nodes if n.target is torch.neg]
+    assert len(negs) == 2
+    with ipuxl.Session(ir, "cpu") as session:
+        session.run()
+        got = session.get_tensors_data([w1, w2, w3])
+    np.testing.assert_array_equal(got[w1], np.zeros(3, np.float32))
+    np.testing.assert_array_equal(got[w2], np.zeros(3, np.float32))
+    np.testing.assert_array_equal(got[w3], np.full(3, 0.5, np.float32))
