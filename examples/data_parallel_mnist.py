@@ -76,7 +76,7 @@ def train_program(batch_size: int, replicas: int, device: str, learning_rate: fl
         bwd_info = bwd_graph.call_with_info(dx, args=activations)
         grads = bwd_graph.grad_graph_info.fwd_parent_ins_to_grad_parent_outs(fwd_info, bwd_info)
         for t in variables.tensors:  # data parallelism: the mean gradient over all replicas
-            ops.collectives.replicated_all_reduce_(grads[t], "mean")
+            grads[t] = ops.collectives.replicated_all_reduce_(grads[t], "mean")  # the returned tensor: read after the reduce
         sgd_step(variables, grads, learning_rate)
     ir.num_host_transfers = device_iterations
     return ipuxl.Session(ir, device), (img_stream, label_stream), variables, loss_stream

@@ -15,8 +15,8 @@ runs R copies of the program, one per IPU, so every number here is one replica's
   instructions). Views (reshape, transpose, slices...) and tuple items are tensor
   re-indexing in Poplar, not code: they count 0;
 * **peak activations**: the peak of ``passes.liveness.live_profile`` of the main graph
-  in the memory-aware schedule (``passes.schedule.memory_schedule`` when available,
-  else program order); a call adds its callee's own peak while it runs;
+  in the memory-aware schedule (``passes.schedule.memory_schedule``, never worse
+  than program order); a call adds its callee's own peak while it runs;
 * **stream buffers**: one slot per host stream (``passes.liveness.stream_bytes``).
   The device loop runs one step at a time and the host feeds/collects each step's
   slice, so ``num_host_transfers`` does not multiply the device-side buffers.
@@ -335,10 +335,8 @@ class ResourceEstimate:
 
 
 def _schedule(graph: "Graph") -> tuple[list[fx.Node] | None, str]:
-    try:
-        from ipuxl.passes.schedule import memory_schedule
-    except ImportError:
-        return None, "program order"
+    from ipuxl.passes.schedule import memory_schedule
+
     return list(memory_schedule(graph)), "memory schedule"
 
 

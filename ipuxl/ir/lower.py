@@ -222,8 +222,9 @@ def _call_args(new: fx.Graph, node: fx.Node, env: dict) -> list[fx.Node]:
     callee = node.target.graph
     args = [env[a] for a in node.args]
     by_ref = node.meta.get("ipuxl_by_ref_args", set())
+    written = {w for n in callee.fx.nodes for w in n.meta.get("ipuxl_writes", ())}
     for i, placeholder in enumerate(callee.inputs):
-        if i not in by_ref and callee.is_input_modified(placeholder):
+        if i not in by_ref and placeholder.node in written:
             args[i] = new.call_function(torch.clone, (args[i],))
     return args
 

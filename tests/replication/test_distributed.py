@@ -56,7 +56,7 @@ def build_mlp(replicas: int):
         bwd_info = bwd.call_with_info(dlogits, args=bwd.grad_graph_info.inputs_dict(fwd_info))
         grads = bwd.grad_graph_info.fwd_parent_ins_to_grad_parent_outs(fwd_info, bwd_info)
         for t in variables.tensors:
-            ops.collectives.replicated_all_reduce_(grads[t], "mean")
+            grads[t] = ops.collectives.replicated_all_reduce_(grads[t], "mean")
             ops.scaled_add_(t, grads[t], b=-LR)
         loss_stream = ipuxl.d2h_stream(loss.shape, loss.dtype, "loss")
         ops.host_store(loss_stream, loss)

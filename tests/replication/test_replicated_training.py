@@ -49,7 +49,7 @@ def build_sgd_program(replicas: int, micro: int, steps: int, lr: float, reduce_o
         loss_s = ipuxl.d2h_stream((), F32, "loss")
         ops.host_store(loss_s, info.outputs[0])
         for i, (w, g) in enumerate(zip(weights, grads)):
-            ops.collectives.replicated_all_reduce_(g, reduce_op)
+            g = ops.collectives.replicated_all_reduce_(g, reduce_op)
             if reduce_op == "add":
                 g = g * (1.0 / replicas)
             if momentum:
