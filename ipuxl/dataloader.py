@@ -28,11 +28,19 @@ Differences from upstream, on purpose:
   process-transport knobs (``miss_sleep_time_in_ms``, ``sharing_strategy``,
   ``load_indefinitely``, ``early_preload``) are accepted and have no effect. An
   exception raised while loading is re-raised in the caller's thread.
-* Distributed execution (several host processes, each reading its own shard of
-  the dataset, upstream's ``auto_distributed_partitioning``) is not implemented:
-  there is always one process, so the argument is validated and otherwise has no
-  effect. With ``replicationFactor(R)`` the combined batch simply includes the R
-  replicas' micro-batches; sharding across processes is left to a later change.
+* Distributed execution: under torchrun (``WORLD_SIZE`` > 1) or after
+  ``opts.Distributed.configureProcessId(process_id, num_processes)``, and with
+  ``auto_distributed_partitioning=True`` (the default), each process reads only
+  its shard of a map-style dataset, as upstream's ``_SubDataset`` does: the
+  dataset is cut into ``num_processes`` consecutive blocks (a whole number of
+  combined batches each with ``drop_last=True``), process ``i`` reading block
+  ``i``. With ``shuffle=True`` all processes draw the same permutation of the
+  whole dataset each epoch (seeded from ``options.randomSeed``, which upstream
+  also requires) and each reads its block of it. ipuxl's ``replicationFactor`` is
+  the global replica count, so a process's combined batch is ``batch_size x
+  deviceIterations x (replicationFactor / num_processes) x gradientAccumulation``:
+  the data of the replicas it runs. An ``IterableDataset`` is not sharded (each
+  process reads all of it; use ``opts.Distributed.processId`` in the dataset).
 """
 from __future__ import annotations
 
@@ -102,8 +110,9 @@ class DataLoader(torch.utils.data.DataLoader):
         drop_last: drop the last batch if it is smaller than the combined batch.
         persistent_workers: keep worker processes between epochs; None means
             ``num_workers > 0``.
-        auto_distributed_partitioning: upstream shards the dataset across host
-            processes; ipuxl runs one process, so this has no effect.
+        auto_distributed_partitioning: with several processes (torchrun, or
+            ``options.Distributed.configureProcessId``), read only this process's
+            shard of the dataset (default True).
         mode: a :class:`DataLoaderMode`.
         async_options: for the Async modes, ``{"buffer_size": n}`` bounds how many
             batches are read ahead (default 3).
@@ -140,9 +149,24 @@ class DataLoader(torch.utils.data.DataLoader):
         self._options = options
         self._mode = mode
         self._combined_batch_size: int | None = None
+        # The replicas this process feeds: all of them, or its share under torchrun.
+        replicas = options.replicas_per_process()
         if batch_size is not None:
             self._combined_batch_size = int(batch_size) * options.device_iterations * \
-                options.replication_factor * options.gradient_accumulation
+                replicas * options.gradient_accumulation
+        self._shard: _ProcessShardSampler | None = None
+        processes = options.Distributed.numProcesses
+        if processes > 1 and auto_distributed_partitioning and \
+                not isinstance(dataset, torch.utils.data.IterableDataset):
+            self._shard = _process_shard(options, dataset, self._combined_batch_size, bool(shuffle), drop_last,
+                                         kwargs)
+            kwargs["sampler"] = self._shard
+            shuffle = False  # the shard sampler shuffles (the same permutation in every process)
+        elif processes > 1 and auto_distributed_partitioning:
+            warnings.warn(f"DataLoader: process {options.Distributed.processId} of {processes} reads the whole "
+                          "IterableDataset (ipuxl only shards map-style datasets); use "
+                          "options.Distributed.processId / numProcesses in the dataset to give each process "
+                          "its own samples", UserWarning, stacklevel=2)
 
         self._buffer_size = _check_async_options(async_options, mode)
         self._rebatched_size: int | None = None
@@ -167,7 +191,8 @@ class DataLoader(torch.utils.data.DataLoader):
             # No batching: drop_last has nothing to drop (torch refuses the pair).
             drop_last = False
         elif not isinstance(dataset, torch.utils.data.IterableDataset):
-            _warn_if_partial_last_batch(dataset, self._combined_batch_size, self._requested_drop_last)
+            _warn_if_partial_last_batch(self._shard if self._shard is not None else dataset,
+                                        self._combined_batch_size, self._requested_drop_last)
 
         super().__init__(dataset, batch_size=loader_batch_size, shuffle=shuffle, num_workers=num_workers,
                          drop_last=drop_last, persistent_workers=persistent_workers, **kwargs)
@@ -182,6 +207,11 @@ class DataLoader(torch.utils.data.DataLoader):
         return self._combined_batch_size
 
     @property
+    def shard(self) -> "_ProcessShardSampler | None":
+        """This process's shard of the dataset (None unless distributed); ``shard.indices()``."""
+        return self._shard
+
+    @property
     def options(self) -> Options:
         """The (frozen) options this DataLoader was built with."""
         return self._options
@@ -194,7 +224,7 @@ class DataLoader(torch.utils.data.DataLoader):
     def __len__(self) -> int:
         if self._rebatched_size is None:
             return super().__len__()
-        num_samples = len(self.dataset)  # type: ignore[arg-type]
+        num_samples = len(self._shard) if self._shard is not None else len(self.dataset)  # type: ignore[arg-type]
         batches, leftover = divmod(num_samples, self._rebatched_size)
         return batches + int(bool(leftover) and not self._requested_drop_last)
 
@@ -311,6 +341,73 @@ def _warn_if_partial_last_batch(dataset: object, combined_batch_size: int, drop_
             f"DataLoader: the dataset's {num_samples} samples are not a multiple of the combined batch size "
             f"({combined_batch_size}) and drop_last=False, so the last batch holds {leftover} samples; "
             "pass drop_last=True to avoid handling this special case", UserWarning, stacklevel=3)
+
+
+# -- distributed: one shard of the dataset per process ------------------------------------
+class _ProcessShardSampler(torch.utils.data.Sampler):
+    """The indices of this process's block of the dataset (upstream's ``_SubDataset``
+    layout: ``[p0, p0, ..., p1, p1, ..., p2, ...]``).
+
+    With ``seed`` set, every epoch draws a permutation of the whole dataset from
+    ``seed + epoch`` (the same in every process) and this process reads its block
+    of it, so together the processes still read each sample once per epoch.
+    """
+
+    def __init__(self, num_samples: int, per_process: int, process_id: int, seed: int | None) -> None:
+        self._num_samples = num_samples
+        self._offset = process_id * per_process
+        self._length = max(0, min(per_process, num_samples - self._offset))
+        self._seed = seed
+        self._epoch = 0
+
+    def __len__(self) -> int:
+        return self._length
+
+    def indices(self, epoch: int | None = None) -> list[int]:
+        """The dataset indices this process reads in ``epoch`` (default: the next one)."""
+        epoch = self._epoch if epoch is None else epoch
+        if self._seed is None:
+            return list(range(self._offset, self._offset + self._length))
+        generator = torch.Generator().manual_seed((self._seed + epoch) % 2**64)
+        order = torch.randperm(self._num_samples, generator=generator)
+        return order[self._offset:self._offset + self._length].tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        order = self.indices()
+        self._epoch += 1
+        return iter(order)
+
+
+def _process_shard(options: Options, dataset: Any, combined_batch_size: int | None, shuffle: bool,
+                   drop_last: bool, kwargs: dict[str, Any]) -> _ProcessShardSampler:
+    where = user_source_line()
+    processes, process_id = options.Distributed.numProcesses, options.Distributed.processId
+    context = f"process {process_id} of {processes}"
+    if combined_batch_size is None:
+        raise OptionsError(f"DataLoader: batch_size=None cannot be split over {processes} processes ({context})",
+                           where=where, fix="pass a micro-batch size, e.g. batch_size=1")
+    for name in ("sampler", "batch_sampler"):
+        if kwargs.get(name) is not None:
+            raise OptionsError(
+                f"DataLoader: a custom {name} cannot be combined with sharding the dataset over {processes} "
+                f"processes ({context})", where=where,
+                fix="pass auto_distributed_partitioning=False and shard the samples in your sampler")
+    if shuffle and options.random_seed is None:
+        raise OptionsError(
+            f"DataLoader: shuffle=True over {processes} processes needs options.randomSeed(...) so that every "
+            f"process draws the same permutation of the dataset ({context})", where=where,
+            fix="call options.randomSeed(seed) with the same seed in every process (as upstream requires)")
+    try:
+        num_samples = len(dataset)
+    except TypeError:
+        raise InvalidArgumentError(
+            f"DataLoader: the dataset has no len(), so it cannot be split over {processes} processes",
+            where=where, fix="give the dataset a __len__, or pass auto_distributed_partitioning=False") from None
+    if drop_last:
+        per_process = combined_batch_size * (num_samples // (combined_batch_size * processes))
+    else:
+        per_process = -(-num_samples // processes)
+    return _ProcessShardSampler(num_samples, per_process, process_id, options.random_seed if shuffle else None)
 
 
 # -- AsyncRebatched -----------------------------------------------------------------

@@ -20,6 +20,14 @@ of ``python/enums.py``) for the options ipuxl implements:
   changing frozen options raises :class:`~ipuxl.errors.FrozenOptionsError`, and
   ``clone()`` returns an unfrozen deep copy.
 
+* ``opts.Distributed.configureProcessId(process_id, num_processes)`` says which of
+  several host processes this one is (upstream's ``_DistributedOptions``); without
+  it the process id and count come from torchrun's ``RANK`` / ``WORLD_SIZE``
+  environment variables (upstream reads OpenMPI's by default; ``setEnvVarNames``
+  picks others). ``ipuxl.DataLoader`` then reads only this process's shard of the
+  dataset. Unlike upstream, ``replicationFactor`` is the *global* number of
+  replicas (upstream: replicas per process); each process runs R / num_processes.
+
 ipuxl additions: ``staticShapes()`` (refuse to recompile when input shapes change),
 read-only snake_case properties for the compiler (``device_iterations``...),
 ``device_type``, ``resolved_output_mode`` and ``combined_batch_factor``. Unlike
@@ -32,6 +40,7 @@ from __future__ import annotations
 import copy
 import enum
 import numbers
+import os
 import warnings
 from typing import Any
 
@@ -174,6 +183,103 @@ class _TrainingOptions(_OptionGroup):
         return f"{type(self).__name__}(gradient_accumulation={self._gradient_accumulation})"
 
 
+class _DistributedOptions(_OptionGroup):
+    """Options of a run split over several host processes, reached through
+    :attr:`Options.Distributed` (upstream's ``poptorch.options._DistributedOptions``).
+
+    >>> opts = Options()
+    >>> opts.Distributed.configureProcessId(0, 2)  # doctest: +ELLIPSIS
+    _DistributedOptions(process_id=0, num_processes=2)
+
+    Until ``configureProcessId`` (or ``setEnvVarNames`` / ``disable``) is called, the
+    values come from the environment variables ``RANK`` and ``WORLD_SIZE`` that
+    ``torchrun`` sets, read when asked for (1 process when they are unset).
+    """
+
+    _path = "Options.Distributed"
+    _DEFAULT_ENV = ("WORLD_SIZE", "RANK")
+
+    def __init__(self, owner: "Options") -> None:
+        self._owner = owner
+        self._configured: tuple[int, int] | None = None  # (process_id, num_processes)
+
+    def _is_frozen_now(self) -> bool:
+        return self._owner.frozen
+
+    def configureProcessId(self, process_id: int, num_processes: int) -> "_DistributedOptions":  # noqa: N802
+        """Set this process's id (0-based) and the number of processes of the run."""
+        self._check_not_frozen("configureProcessId")
+        count = _positive_int(num_processes, method="Options.Distributed.configureProcessId",
+                              arg="num_processes", example="opts.Distributed.configureProcessId(0, 2)")
+        if isinstance(process_id, bool) or not isinstance(process_id, numbers.Integral) \
+                or not 0 <= process_id < count:
+            raise OptionsError(
+                f"Options.Distributed.configureProcessId: process_id must be an int in [0, {count}) "
+                f"for {count} processes, got {process_id!r}",
+                where=user_source_line(),
+                fix=f"pass this process's index among the {count}, e.g. "
+                    f"opts.Distributed.configureProcessId(0, {count})")
+        self._configured = (int(process_id), count)
+        return self
+
+    def setEnvVarNames(self, var_num_processes: str, var_process_id: str) -> "_DistributedOptions":  # noqa: N802
+        """Read the process count and id now from these environment variables
+        (e.g. ``"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"`` under mpirun)."""
+        self._check_not_frozen("setEnvVarNames")
+        count, pid = _read_env(var_num_processes, var_process_id, "Options.Distributed.setEnvVarNames")
+        return self.configureProcessId(pid, count)
+
+    def disable(self) -> "_DistributedOptions":
+        """Run as a single process, whatever the environment says."""
+        self._check_not_frozen("disable")
+        self._configured = (0, 1)
+        return self
+
+    @property
+    def processId(self) -> int:  # noqa: N802 - PopTorch's name
+        """The id of this process (0 when not distributed)."""
+        return self._values()[0]
+
+    @property
+    def numProcesses(self) -> int:  # noqa: N802 - PopTorch's name
+        """The number of processes the run is split over (1 when not distributed)."""
+        return self._values()[1]
+
+    @property
+    def configured(self) -> bool:
+        """True when set explicitly (``configureProcessId`` etc.), not read from torchrun's environment."""
+        return self._configured is not None
+
+    def _values(self) -> tuple[int, int]:
+        if self._configured is not None:
+            return self._configured
+        count, pid = _read_env(*self._DEFAULT_ENV, "Options.Distributed")
+        return pid, count
+
+    def __repr__(self) -> str:
+        pid, count = self._values()
+        return f"{type(self).__name__}(process_id={pid}, num_processes={count})"
+
+
+def _read_env(var_num_processes: str, var_process_id: str, method: str) -> tuple[int, int]:
+    """(num_processes, process_id) from two environment variables (defaults 1 and 0)."""
+    values = []
+    for var, default in ((var_num_processes, "1"), (var_process_id, "0")):
+        raw = os.environ.get(var, default)
+        try:
+            values.append(int(raw))
+        except ValueError:
+            raise OptionsError(f"{method}: environment variable {var}={raw!r} is not an integer",
+                               where=user_source_line(),
+                               fix=f"unset {var} or set it to a whole number") from None
+    count, pid = values
+    if count < 1 or not 0 <= pid < count:
+        raise OptionsError(f"{method}: process id {pid} ({var_process_id}) is not in [0, {count}) "
+                           f"({var_num_processes}={count})", where=user_source_line(),
+                           fix=f"set {var_num_processes} >= 1 and 0 <= {var_process_id} < {var_num_processes}")
+    return count, pid
+
+
 class Options(_OptionGroup):
     """Everything that controls how a model is compiled and run (PopTorch's ``Options``).
 
@@ -197,7 +303,9 @@ class Options(_OptionGroup):
         self._random_seed: int | None = None
         self._use_ipu_model = False
         self._static_shapes = False
+        self._auto_outline = True
         self._training = _TrainingOptions(self)
+        self._distributed = _DistributedOptions(self)
 
     # -- freezing -----------------------------------------------------------------
     def _is_frozen_now(self) -> bool:
@@ -228,6 +336,12 @@ class Options(_OptionGroup):
         """Options specific to training (``opts.Training.gradientAccumulation(n)``)."""
         return self._training
 
+    @property
+    def Distributed(self) -> _DistributedOptions:  # noqa: N802 - PopTorch's public name
+        """Options of a run over several host processes
+        (``opts.Distributed.configureProcessId(process_id, num_processes)``)."""
+        return self._distributed
+
     def deviceIterations(self, device_iterations: int) -> "Options":
         """Number of iterations the device runs over new batches before returning to
         the host (default: 1)."""
@@ -238,7 +352,12 @@ class Options(_OptionGroup):
         return self
 
     def replicationFactor(self, replication_factor: int) -> "Options":
-        """Number of replicas of the model, each fed its own micro-batches (default: 1)."""
+        """Number of replicas of the model, each fed its own micro-batches (default: 1).
+
+        This is the total over all host processes: with ``num_processes`` processes
+        (torchrun, or ``opts.Distributed.configureProcessId``) each one runs and feeds
+        ``replication_factor / num_processes`` of them (upstream's
+        ``replicationFactor`` counts the replicas of one process instead)."""
         self._check_not_frozen("replicationFactor")
         self._replication_factor = _positive_int(
             replication_factor, method="Options.replicationFactor", arg="replication_factor",
@@ -322,7 +441,22 @@ class Options(_OptionGroup):
         self._static_shapes = _flag(enabled, method="Options.staticShapes", arg="enabled")
         return self
 
+    def autoOutline(self, enabled: bool = True) -> "Options":
+        """ipuxl extension: outline repeated blocks automatically (default: True).
+
+        Structurally identical regions of the captured forward, backward and update
+        (e.g. N identical transformer or MLP blocks) become calls of one shared graph,
+        so their code exists once on the device (``ipuxl.passes.outline``). Results
+        are unchanged; False keeps every op inline."""
+        self._check_not_frozen("autoOutline")
+        self._auto_outline = _flag(enabled, method="Options.autoOutline", arg="enabled")
+        return self
+
     # -- what the compiler reads --------------------------------------------------
+    @property
+    def auto_outline(self) -> bool:
+        return self._auto_outline
+
     @property
     def device_iterations(self) -> int:
         return self._device_iterations
@@ -375,6 +509,24 @@ class Options(_OptionGroup):
         if self._output_mode is OutputMode.Default:
             return OutputMode.Final if training else OutputMode.All
         return self._output_mode
+
+    def replicas_per_process(self) -> int:
+        """The replicas this process runs and feeds: ``replication_factor /
+        Distributed.numProcesses``.
+
+        Raises:
+            OptionsError: the number of processes does not divide the replication factor.
+        """
+        processes = self._distributed.numProcesses
+        if self._replication_factor % processes:
+            valid = [d for d in range(1, self._replication_factor + 1) if self._replication_factor % d == 0]
+            raise OptionsError(
+                f"replicationFactor({self._replication_factor}) cannot be split over {processes} processes "
+                f"(process {self._distributed.processId} of {processes}): each process must run the same "
+                "number of replicas", where=user_source_line(),
+                fix=f"use a replication factor that is a multiple of {processes}, or run {valid} processes "
+                    "(torchrun --nproc_per_node)")
+        return self._replication_factor // processes
 
     def combined_batch_factor(self, training: bool) -> int:
         """Micro-batches consumed by one run of the model: deviceIterations x

@@ -16,7 +16,7 @@ would otherwise outline by hand:
 - ``deduplicate(graphs)``: several graphs that are structurally identical (e.g. one
   graph created per block) become one; every call site calls the first. Graphs that
   differ raise ``OutlineError`` saying where.
-- ``outline_ir(ir)``: both, over every graph of an IR.
+- ``outline_ir(ir)``: ``outline_graph`` over every graph of an IR.
 
 Inputs a region writes in place (an optimiser update of a weight) are passed by
 reference, so the write still reaches the caller's tensor.
@@ -220,13 +220,20 @@ def _savings(period_weight: float, copies: int) -> float:
     return (copies - 1) * period_weight - copies * CALL_COST
 
 
-def outline_graph(graph: Graph, min_ops: int = 2, max_tries: int = 64) -> list[Graph]:
+#: Op instances a repeat must save to be outlined by default: two copies of a small
+#: layer stay inline (the device can then fuse across them); N blocks of a deep model do not.
+MIN_SAVINGS = 8.0
+
+
+def outline_graph(graph: Graph, min_ops: int = 2, max_tries: int = 64,
+                  min_savings: float = MIN_SAVINGS) -> list[Graph]:
     """Replace repeated consecutive regions of ``graph`` by calls; return the new graphs.
 
     Args:
         graph: any graph of an IR (main graph or subgraph).
         min_ops: smallest region worth a call.
         max_tries: candidates examined per round before giving up.
+        min_savings: smallest saving (op instances removed minus call costs) worth it.
     """
     created: list[Graph] = []
     while True:
@@ -235,7 +242,9 @@ def outline_graph(graph: Graph, min_ops: int = 2, max_tries: int = 64) -> list[G
         codes = np.array([signatures.setdefault(local_signature(n), len(signatures)) for n in ops], dtype=np.int64)
         weights = np.array([_weight(n) for n in ops])
         done = False
-        for _, period, start, copies, slack in _candidates(codes, weights, min_ops)[:max_tries]:
+        for savings, period, start, copies, slack in _candidates(codes, weights, min_ops)[:max_tries]:
+            if savings < min_savings:
+                break
             for shift in range(min(slack, period - 1) + 1):
                 regions = _matching_regions(graph, ops, start + shift, period, copies)
                 if regions is not None:
@@ -429,12 +438,13 @@ def _difference(a: Graph, b: Graph, ia: list, ib: list, la: list[str], lb: list[
             f"({len(_ops(a))} vs {len(_ops(b))} ops)")
 
 
-def outline_ir(ir: Any, min_ops: int = 2, graphs: Iterable[Graph] | None = None) -> OutlineSummary:
-    """Deduplicate identical subgraphs, then outline repeats inside every graph."""
+def outline_ir(ir: Any, min_ops: int = 2, graphs: Iterable[Graph] | None = None,
+               min_savings: float = MIN_SAVINGS) -> OutlineSummary:
+    """Outline repeats inside every graph of ``ir`` (or of ``graphs``)."""
     summary = OutlineSummary(ops_before=_op_instances(ir))
     targets = list(graphs) if graphs is not None else list(ir.graphs)
     for graph in targets:
-        for sub in outline_graph(graph, min_ops):
+        for sub in outline_graph(graph, min_ops, min_savings=min_savings):
             summary.graphs.append(sub)
     summary.call_sites = sum(1 for g in ir.graphs for n in g.fx.nodes
                              if isinstance(n.target, CallTarget) and n.target.graph in summary.graphs)

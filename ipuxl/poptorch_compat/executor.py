@@ -5,6 +5,15 @@ first call (``capture.trace``), builds the program (``program.build_program``) a
 runs it on a ``Session``: one call of the wrapper is one ``Session.run`` of
 ``deviceIterations`` steps over the combined batch.
 
+With ``replicationFactor(R)`` the program runs R data-parallel replicas (see
+``program``). The combined batch is laid out as PopART lays out host data,
+``[deviceIterations, gradientAccumulation, R, micro-batch, ...]``, and outputs come
+back in the same order (PopTorch's per-output-mode shapes: All/EveryN concatenate
+every returned micro-batch of every replica; Final/Sum give one result per replica).
+Under torchrun (``WORLD_SIZE`` = P > 1) each process feeds and gets back only its
+R / P replicas, as each PopTorch process does with PopRun; the weights read back
+are replica 0's.
+
 Weight sync follows PopTorch:
 
 * the device holds its own copy of the weights; after a training call the host
@@ -32,7 +41,9 @@ from ipuxl.errors import BatchSizeError, DetachedError, InvalidArgumentError, Op
 from ipuxl.ir.context import user_source_line
 from ipuxl.optim.translate import initial_state, translate, write_state
 from ipuxl.options import Options
-from ipuxl.poptorch_compat.program import Program, build_program, optimizer_structure, reduce_outputs
+from ipuxl.passes.outline import outline_ir
+from ipuxl.device.replicas import world
+from ipuxl.poptorch_compat.program import Program, build_program, optimizer_structure, reduce_replicated_outputs
 
 __all__ = ["PoplarExecutor", "trainingModel", "inferenceModel"]
 
@@ -138,12 +149,24 @@ class PoplarExecutor:
         return "training" if self.training else "inference"
 
     def _split(self, args: tuple, kwargs: dict) -> tuple[tuple, list[torch.Tensor]]:
-        """Validate the combined batch; return micro-batch example args and stream data."""
+        """Validate the combined batch; return micro-batch example args and stream data.
+
+        The combined batch's first dimension is laid out as PopTorch/PopART lay out
+        host data: ``[deviceIterations, gradientAccumulation, replicas, micro-batch]``
+        (iterations outermost). Each input stream takes ``(iterations, replicas,
+        accumulation x micro-batch, ...)``: one replica's micro-batches of a step are
+        consecutive in its stream. Under torchrun a process feeds only its own
+        replicas (``replicationFactor / processes`` of them).
+        """
         opts = self.options
-        factor = opts.combined_batch_factor(self.training)
+        replicas = self._replicas_here()
+        accumulation = opts.gradient_accumulation if self.training else 1
+        if not self.training:
+            opts.combined_batch_factor(False)  # refuses gradient accumulation for inference
+        n = opts.device_iterations
+        factor = n * accumulation * replicas
         leaves, spec = pytree.tree_flatten((args, kwargs))
         micro_leaves, stacked = [], []
-        n = opts.device_iterations
         for leaf in leaves:
             if not isinstance(leaf, torch.Tensor):
                 micro_leaves.append(leaf)
@@ -154,41 +177,69 @@ class PoplarExecutor:
                 lower, upper = (size // factor) * factor, (size // factor + 1) * factor
                 raise BatchSizeError(
                     f"{self._kind} model input of shape {tuple(leaf.shape)}: {got} does not split into "
-                    f"{self._factors()} = {factor} parts", where=user_source_line(),
+                    f"{self._factors(replicas)} = {factor} parts", where=user_source_line(),
                     fix=f"use a batch that is a multiple of {factor}"
                         + (f" (nearest: {lower} or {upper})" if lower else f" (e.g. {upper})")
                         + ", e.g. with ipuxl.DataLoader(options, ...), which combines batches for you")
-            micro_leaves.append(_MicroBatch((leaf.shape[0] // factor, *leaf.shape[1:]), leaf.dtype))
-            per_step = leaf.detach().reshape(n, leaf.shape[0] // n, *leaf.shape[1:])
-            stacked.append(per_step if n > 1 else per_step[0])
+            micro = leaf.shape[0] // factor
+            rest = tuple(leaf.shape[1:])
+            micro_leaves.append(_MicroBatch((micro, *rest), leaf.dtype))
+            data = leaf.detach()
+            if replicas > 1 and accumulation > 1:  # [n, G, R, m] -> [n, R, G, m]
+                data = data.reshape(n, accumulation, replicas, micro, *rest).transpose(1, 2)
+            host_shape = tuple(d for d in (n, replicas) if d > 1) + (accumulation * micro, *rest)
+            stacked.append(data.reshape(host_shape))
         return (tuple(micro_leaves), spec), stacked
 
-    def _factors(self) -> str:
+    def _replicas_here(self) -> int:
+        """The replicas this process feeds (all of them unless under torchrun)."""
+        opts = self.options
+        distributed = opts.Distributed
+        processes, rank = world()
+        if distributed.configured and (distributed.numProcesses, distributed.processId) != (processes, rank):
+            raise OptionsError(
+                f"Options.Distributed.configureProcessId({distributed.processId}, {distributed.numProcesses}) "
+                f"does not match this run: process {rank} of {processes}", where=user_source_line(),
+                fix="launch the processes with torchrun (it sets RANK and WORLD_SIZE, which the options read "
+                    "by default), or leave configureProcessId out")
+        return opts.replicas_per_process()
+
+    def _local_replica_range(self) -> tuple[int, int]:
+        """[first, last) global indices of the replicas this process runs."""
+        replicas = self._replicas_here()
+        rank = world()[1]
+        return rank * replicas, (rank + 1) * replicas
+
+    def _factors(self, replicas: int | None = None) -> str:
         opts = self.options
         parts = [f"deviceIterations {opts.device_iterations}"]
         if self.training:
             parts.append(f"gradientAccumulation {opts.gradient_accumulation}")
-        parts.append(f"replicationFactor {opts.replication_factor}")
+        processes = opts.Distributed.numProcesses
+        if processes > 1:
+            parts.append(f"replicationFactor {opts.replication_factor} / {processes} processes "
+                         f"(= {replicas} replicas in this process)")
+        else:
+            parts.append(f"replicationFactor {opts.replication_factor}")
         return "micro-batch x " + " x ".join(parts)
 
     def _outputs(self, results: dict) -> Any:
+        """Outputs per output mode; under torchrun, those of this process's replicas."""
         program = self._program
-        n = self.options.device_iterations
+        n, replicas = self.options.device_iterations, self.options.replication_factor
+        first, last = self._local_replica_range()
         per_output = []
         for streams in program.outputs:
-            parts = [torch.from_numpy(results[s]).reshape(n, *s.shape) for s in streams]
-            seq = torch.stack(parts, 1).reshape(n * len(parts), *streams[0].shape)
-            per_output.append(seq)
+            parts = [torch.from_numpy(results[s]).reshape(n, replicas, *s.shape)[:, first:last] for s in streams]
+            seq = torch.stack(parts, 1)  # (n, G, local replicas, *shape)
+            per_output.append(seq.reshape(n * len(parts), last - first, *streams[0].shape))
         mode = self.options.resolved_output_mode(self.training)
-        flat = reduce_outputs(per_output, mode, self.options.output_return_period)
+        flat = reduce_replicated_outputs(per_output, mode, self.options.output_return_period)
         return pytree.tree_unflatten(flat, program.traced.out_spec)
 
     # -- compiling ------------------------------------------------------------------------
     def _ensure_program(self, micro: tuple) -> None:
         opts = self.options
-        if opts.replication_factor != 1:
-            raise OptionsError(f"replicationFactor({opts.replication_factor}) is not supported yet",
-                               where=user_source_line(), fix="use replicationFactor(1)")
         key = micro  # the micro-batch leaves (shapes, dtypes, static values) and structure
         if self._program is not None and key == self._key:
             return
@@ -220,7 +271,10 @@ class PoplarExecutor:
         values = {n: _to_numpy(t) for n, t in _named_tensors(self.model)}
         program = build_program(traced, training=self.training, device_iterations=self.options.device_iterations,
                                  micro_batches=self.options.gradient_accumulation if self.training else 1,
-                                 values=values, plans=self._trainable_plans(), states=states, seed=self._seed)
+                                 values=values, plans=self._trainable_plans(), states=states, seed=self._seed,
+                                 replication=self.options.replication_factor)
+        if self.options.auto_outline:
+            outline_ir(program.ir)
         self.options._freeze()
         self._session = Session(program.ir, self.options.device_type)
         self._session.__enter__()
@@ -369,6 +423,14 @@ class PoplarExecutor:
                                 fix="detachFromDevice() first")
         self._attached = True
         self.copyWeightsToDevice()
+
+    def report(self, spec: Any = None) -> Any:
+        """The compiled program's ``ipuxl.report.ProgramReport`` (op counts, code size with
+        outlining, call sites, memory per IPU, FLOPs per step); ``print`` it for a table."""
+        if self._session is None:
+            raise DetachedError("report(): the model has not been compiled yet", where=user_source_line(),
+                                fix="call it after the first model(...) call or model.compile(...)")
+        return self._session.report(spec)
 
     def isAttachedToDevice(self) -> bool:  # noqa: N802
         return self._attached

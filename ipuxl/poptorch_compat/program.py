@@ -17,6 +17,15 @@ A training program is what a PopXL user would write by hand for the same model:
 An inference program loads the batch, calls the eval-mode forward and stores its
 outputs. Output modes (All/Final/Sum/EveryN) are applied on the host to the
 per-micro-batch results (``reduce_outputs``).
+
+With ``replicationFactor(R)`` the IR is an ``Ir(replication=R)``: every replica runs
+the same program on its own micro-batches with its own copy of every variable
+(weights start equal; buffers such as BatchNorm running statistics stay per
+replica, as on IPUs). In training the accumulated gradients are averaged across
+replicas (``ops.collectives.replicated_all_reduce`` with op "mean") before the
+optimiser update, so all replicas apply the same update and their weights stay
+equal. Each replica draws its own random numbers: the seed variable holds one
+seed per replica (replica 0's is the seed a single replica would use).
 """
 from __future__ import annotations
 
@@ -35,13 +44,15 @@ from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream, d2h_stream,
 from ipuxl.ir.tensor import Tensor, Variable
 from ipuxl.ops import host_load, host_store
 from ipuxl.ops.call import call, call_with_info
+from ipuxl.ops.collectives import replicated_all_reduce
 from ipuxl.ops.random import split_random_seed
 from ipuxl.ops.var_updates import copy_var_update_
 from ipuxl.optim.rules import RULES, state_specs
 from ipuxl.options import OutputMode
 from ipuxl.transforms import autodiff
 
-__all__ = ["Program", "build_program", "reduce_outputs", "optimizer_structure"]
+__all__ = ["Program", "build_program", "reduce_outputs", "reduce_replicated_outputs", "optimizer_structure",
+           "per_replica_seeds"]
 
 
 @dataclass
@@ -61,6 +72,7 @@ class Program:
     trained: list[str] = field(default_factory=list)
     seed: Variable | None = None
     structure: tuple = ()
+    replication: int = 1
 
 
 def optimizer_structure(plans: list[Any]) -> tuple:
@@ -72,7 +84,7 @@ def optimizer_structure(plans: list[Any]) -> tuple:
 def build_program(traced: TracedModule, *, training: bool, device_iterations: int, micro_batches: int,
                   values: dict[str, np.ndarray], plans: list[Any] | None = None,
                   states: dict[tuple[str, str], np.ndarray] | None = None,
-                  seed: np.ndarray | None = None) -> Program:
+                  seed: np.ndarray | None = None, replication: int = 1) -> Program:
     """Build the IR (see the module docstring).
 
     Args:
@@ -80,10 +92,11 @@ def build_program(traced: TracedModule, *, training: bool, device_iterations: in
         plans: ``optim.translate`` plans (training only), in optimiser order.
         states: optimiser state values to start from, ``{(param, state): array}``;
             missing states start at zero.
-        seed: the seed variable's initial value (shape (2,)), used when the module
-            draws random numbers (dropout).
+        seed: the seed variable's initial value (shape (2,), or (R, 2): one seed per
+            replica), used when the module draws random numbers (dropout).
+        replication: the number of data-parallel replicas R (``Ir(replication=R)``).
     """
-    ir = Ir()
+    ir = Ir(replication=replication)
     ir.num_host_transfers = device_iterations
     fwd = graph_from_trace(ir, traced)
     n_in, n_params = len(traced.input_names), len(traced.params)
@@ -95,14 +108,14 @@ def build_program(traced: TracedModule, *, training: bool, device_iterations: in
         grad_info = autodiff(fwd, grads_provided=[loss], grads_required=[param_inputs[n] for n in trained])
     g_count = micro_batches
     program = Program(ir, traced, training, g_count, [], [], {}, {}, trained=trained,
-                      structure=optimizer_structure(plans))
+                      structure=optimizer_structure(plans), replication=replication)
     with ir.main_graph:
         state_inputs = fwd.inputs[n_in:n_in + n_params + len(traced.buffers)]
         for name, graph_input in zip(traced.params + traced.buffers, state_inputs):
             dict_ = program.params if name in param_inputs else program.buffers
             dict_[name] = variable(values[name], graph_input.dtype, name=name, downcast=False)
         if traced.uses_seed:
-            program.seed = variable(np.asarray(seed, np.int64), SEED_DTYPE, name="random_seed")
+            program.seed = _seed_variable(ir, seed)
         loaded = []
         for name, spec in zip(traced.input_names, traced.input_specs):
             stream = h2d_stream((g_count * spec.shape[0], *spec.shape[1:]), spec.dtype, name)
@@ -130,6 +143,9 @@ def build_program(traced: TracedModule, *, training: bool, device_iterations: in
                     copy_var_update_(target, outs[traced.n_outputs + k])
             for j in range(traced.n_outputs):
                 host_store(program.outputs[j][g], outs[j])
+        if training and trained and replication > 1:
+            # Data parallelism: every replica applies the mean of all replicas' gradients.
+            grad_sums = [replicated_all_reduce(g, op="mean") for g in grad_sums]
         if training and trained:
             _apply_optimizer(program, plans, dict(zip(trained, grad_sums)), g_count, states or {})
     return program
@@ -148,6 +164,28 @@ def _trained_params(traced: TracedModule, fwd: Any, plans: list[Any], inputs: di
     held = {p.name for p in plans}
     return [name for name in traced.params if name in held and inputs[name].node in ancestors
             and inputs[name].dtype.is_floating_point]
+
+
+def per_replica_seeds(seed: np.ndarray, replication: int) -> np.ndarray:
+    """One seed per replica, shaped (R, 2): replica 0 keeps ``seed``, the others derive
+    theirs from it (``seed`` already shaped (R, 2) is returned as it is)."""
+    seed = np.asarray(seed, np.int64)
+    if seed.ndim == 2:
+        if seed.shape[0] != replication:
+            raise ValueError(f"{seed.shape[0]} seeds for {replication} replicas")
+        return seed
+    base = torch.from_numpy(seed.copy())
+    rows = [base] + [torch.ops.ipuxl.modify_seed(base, 0x10000 + r) for r in range(1, replication)]
+    return torch.stack(rows).numpy().astype(np.int64)
+
+
+def _seed_variable(ir: Ir, seed: np.ndarray | None) -> Variable:
+    """The random seed variable: one value, or with replicas one value per replica."""
+    replicas = ir.replication_factor
+    if replicas == 1:
+        return variable(np.asarray(seed, np.int64).reshape(-1), SEED_DTYPE, name="random_seed")
+    return variable(per_replica_seeds(seed, replicas), SEED_DTYPE, name="random_seed",
+                    replica_grouping=ir.replica_grouping(stride=1, group_size=1))
 
 
 def _step_seeds(seed: Variable | None, count: int) -> list[Tensor | None]:
@@ -186,22 +224,46 @@ def _apply_optimizer(program: Program, plans: list[Any], grads: dict[str, Tensor
 
 
 def reduce_outputs(per_step: list[torch.Tensor], mode: OutputMode, period: int) -> list[torch.Tensor]:
-    """Apply an output mode to each output's per-micro-batch results ``(steps, *shape)``.
+    """Apply an output mode to each output's per-micro-batch results.
 
-    All: every step, concatenated along the first dimension (scalars become a
-    ``(steps,)`` vector); Final: the last step; Sum: the element-wise sum over
-    steps; EveryN: steps N-1, 2N-1, ... concatenated as in All.
+    Each entry is shaped ``(steps, *shape)`` (one replica) or ``(steps, R, *shape)``
+    with replicas: ``steps`` = deviceIterations x gradientAccumulation micro-batches
+    in order, R replicas each. As upstream (PopART's anchor shapes
+    ``[batches, accumulation, replicas, *shape]`` flattened into the first dim):
+
+    * All: every micro-batch of every replica, concatenated along the first
+      dimension in the input order (iterations, then accumulation, then replicas);
+      scalars become a ``(steps * R,)`` vector;
+    * EveryN: micro-batches N-1, 2N-1, ... of each replica, concatenated as in All;
+    * Final: the last micro-batch; Sum: the element-wise sum over the micro-batches.
+      With R > 1 replicas, one result per replica concatenated along the first
+      dimension (a scalar becomes an ``(R,)`` vector); with one, it keeps its shape.
     """
-    out = []
-    for seq in per_step:
-        if mode == OutputMode.EveryN:
-            seq = seq[period - 1::period]
-        if mode in (OutputMode.All, OutputMode.EveryN):
-            out.append(seq if seq.dim() == 1 else seq.reshape(seq.shape[0] * seq.shape[1], *seq.shape[2:]))
-        elif mode == OutputMode.Final:
-            out.append(seq[-1])
-        elif mode == OutputMode.Sum:
-            out.append(seq.sum(0))
-        else:
-            raise ValueError(f"unresolved output mode {mode}")
-    return out
+    return [_reduce_output(seq, mode, period) for seq in per_step]
+
+
+def reduce_replicated_outputs(per_step: list[torch.Tensor], mode: OutputMode, period: int) -> list[torch.Tensor]:
+    """``reduce_outputs`` of results shaped ``(steps, R, *shape)`` (see there)."""
+    return [_reduce_output(seq, mode, period, replicated=True) for seq in per_step]
+
+
+def _reduce_output(seq: torch.Tensor, mode: OutputMode, period: int, replicated: bool = False) -> torch.Tensor:
+    if not replicated:
+        seq = seq.unsqueeze(1)
+    replicas = seq.shape[1]
+    if mode == OutputMode.EveryN:
+        seq = seq[period - 1::period]
+    if mode in (OutputMode.All, OutputMode.EveryN):
+        return _flatten_batch(seq.reshape(seq.shape[0] * replicas, *seq.shape[2:]))
+    if mode == OutputMode.Final:
+        per_replica = seq[-1]
+    elif mode == OutputMode.Sum:
+        per_replica = seq.sum(0)
+    else:
+        raise ValueError(f"unresolved output mode {mode}")
+    return per_replica[0] if replicas == 1 else _flatten_batch(per_replica)
+
+
+def _flatten_batch(seq: torch.Tensor) -> torch.Tensor:
+    """``(k, *shape)`` results -> concatenated along the first dim (scalars: a (k,) vector)."""
+    return seq if seq.dim() == 1 else seq.reshape(seq.shape[0] * seq.shape[1], *seq.shape[2:])

@@ -98,11 +98,12 @@ def test_blocks_that_differ_in_shape_are_not_merged():
     ir = ipuxl.Ir()
     with ir.main_graph:
         x = ipuxl.variable(np.ones((2, 4), np.float32), F32, name="x")
-        for width in (4, 4, 6, 6):  # two pairs of identical blocks: only each pair may share
+        for width in (4, 4, 6, 6, 6):  # blocks 1-2 and 4-5 are identical (block 3 maps 4 -> 6 wide)
             w = ipuxl.variable(np.ones((x.shape[1], width), np.float32), F32, name="w")
             x = ops.gelu(x @ w) * 0.5
         ops.host_store(ipuxl.d2h_stream(x.shape, x.dtype, "y"), x)
-    summary = outline_ir(ir)
+    summary = outline_ir(ir, min_savings=0)
+    assert len(summary.graphs) == 2
     for graph in summary.graphs:
         shapes = {tuple(n.meta["val"].shape) for n in _ops(graph)}
         assert len({s[-1] for s in shapes}) == 1  # one width per shared graph
@@ -152,3 +153,15 @@ def test_deduplicate_says_what_differs():
         b = ir.create_graph(lambda t: ops.log(t) * 2.0, spec)
     with pytest.raises(OutlineError, match=r"(?s)item 1 differs: op 'exp'.*vs op 'log'"):
         deduplicate([a, b])
+
+
+def test_small_repeats_stay_inline_by_default():
+    """Two copies of a 3-op layer save less than MIN_SAVINGS: left inline (fusion stays possible)."""
+    ir = ipuxl.Ir()
+    with ir.main_graph:
+        x = ipuxl.variable(np.ones((2, 4), np.float32), F32, name="x")
+        for _ in range(2):
+            x = ops.relu(x @ ipuxl.variable(np.eye(4, dtype=np.float32), F32, name="w") + 1.0)
+        ops.host_store(ipuxl.d2h_stream(x.shape, x.dtype, "y"), x)
+    assert outline_graph(ir.main_graph) == []
+    assert len(outline_graph(ir.main_graph, min_savings=0)) == 1

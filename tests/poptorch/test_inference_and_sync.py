@@ -274,8 +274,9 @@ def test_replication_factor_is_validated():
     with pytest.raises(OptionsError):
         Options().replicationFactor(0)
     training = ipuxl.trainingModel(MLP(), Options().replicationFactor(2))
-    with pytest.raises(OptionsError, match="replicationFactor"):
-        training(*make_data(4))
+    training(*make_data(4))  # two replicas of 2 samples each (see tests/poptorch/test_replication.py)
+    with pytest.raises(BatchSizeError, match="replicationFactor 2"):
+        training(*make_data(3))
 
 
 def test_unseeded_random_ops_are_refused():
