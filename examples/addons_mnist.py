@@ -85,8 +85,8 @@ Optimiser = Callable[[addons.NamedTensors, Mapping[ipuxl.Tensor, ipuxl.Tensor], 
 
 
 def train_program(batch_size: int, device: str, learning_rate: float, net: type[addons.Module] = Net,
-                  optimiser: Optimiser = sgd_step, num_host_transfers: int = 1):
-    ir = ipuxl.Ir(replication=1)
+                  optimiser: Optimiser = sgd_step, num_host_transfers: int = 1, replicas: int = 1):
+    ir = ipuxl.Ir(replication=replicas)
     with ir.main_graph:
         img_stream = ipuxl.h2d_stream((batch_size, 28, 28), ipuxl.float32, "image")
         img_t = ops.host_load(img_stream)
@@ -111,8 +111,8 @@ def train_program(batch_size: int, device: str, learning_rate: float, net: type[
     return ipuxl.Session(ir, device), [img_stream, label_stream], variables, loss_stream
 
 
-def test_program(test_batch_size: int, device: str, net: type[addons.Module] = Net):
-    ir = ipuxl.Ir(replication=1)
+def test_program(test_batch_size: int, device: str, net: type[addons.Module] = Net, replicas: int = 1):
+    ir = ipuxl.Ir(replication=replicas)
     with ir.main_graph:
         in_stream = ipuxl.h2d_stream((test_batch_size, 28, 28), ipuxl.float32, "image")
         in_t = ops.host_load(in_stream)

@@ -55,46 +55,22 @@ _SEED002 = _load_seed002()
 Net, sgd_step, accuracy = _SEED002.Net, _SEED002.sgd_step, _SEED002.accuracy
 
 
+def mean_gradient_sgd(variables: addons.NamedTensors, grads, learning_rate: float) -> None:
+    """Seed 002's SGD step on the mean gradient over all replicas (data parallelism)."""
+    for t in variables.tensors:
+        grads[t] = ops.collectives.replicated_all_reduce_(grads[t], "mean")  # the returned tensor: read after the reduce
+    sgd_step(variables, grads, learning_rate)
+
+
 def train_program(batch_size: int, replicas: int, device: str, learning_rate: float, device_iterations: int):
     """Seed 002's training step, replicated, with the gradients averaged over the replicas."""
-    ir = ipuxl.Ir(replication=replicas)
-    with ir.main_graph:
-        img_stream = ipuxl.h2d_stream((batch_size, 28, 28), ipuxl.float32, "image")
-        img_t = ops.host_load(img_stream)
-        label_stream = ipuxl.h2d_stream((batch_size,), ipuxl.int32, "labels")
-        labels = ops.host_load(label_stream, "labels")
-
-        facts, fwd_graph = Net().create_graph(img_t)
-        bwd_graph = addons.autodiff(fwd_graph)
-        variables = facts.init()
-        fwd_info = fwd_graph.bind(variables).call_with_info(img_t)
-        loss, dx = addons.ops.cross_entropy_with_grad(fwd_info.outputs[0], labels)
-        loss_stream = ipuxl.d2h_stream(loss.shape, loss.dtype, "loss")
-        ops.host_store(loss_stream, loss)
-
-        activations = bwd_graph.grad_graph_info.inputs_dict(fwd_info)
-        bwd_info = bwd_graph.call_with_info(dx, args=activations)
-        grads = bwd_graph.grad_graph_info.fwd_parent_ins_to_grad_parent_outs(fwd_info, bwd_info)
-        for t in variables.tensors:  # data parallelism: the mean gradient over all replicas
-            grads[t] = ops.collectives.replicated_all_reduce_(grads[t], "mean")  # the returned tensor: read after the reduce
-        sgd_step(variables, grads, learning_rate)
-    ir.num_host_transfers = device_iterations
-    return ipuxl.Session(ir, device), (img_stream, label_stream), variables, loss_stream
+    return _SEED002.train_program(batch_size, device, learning_rate, optimiser=mean_gradient_sgd,
+                                  num_host_transfers=device_iterations, replicas=replicas)
 
 
 def test_program(test_batch_size: int, replicas: int, device: str):
     """Inference, replicated: each replica scores ``test_batch_size`` images per step."""
-    ir = ipuxl.Ir(replication=replicas)
-    with ir.main_graph:
-        in_stream = ipuxl.h2d_stream((test_batch_size, 28, 28), ipuxl.float32, "image")
-        in_t = ops.host_load(in_stream)
-        facts, graph = Net().create_graph(in_t)
-        variables = facts.init()
-        (outputs,) = graph.bind(variables).call(in_t)
-        out_stream = ipuxl.d2h_stream(outputs.shape, outputs.dtype, "outputs")
-        ops.host_store(out_stream, outputs)
-    ir.num_host_transfers = 1
-    return ipuxl.Session(ir, device), in_stream, variables, out_stream
+    return _SEED002.test_program(test_batch_size, device, replicas=replicas)
 
 
 def per_replica(data: torch.Tensor, *leading: int) -> torch.Tensor:
@@ -126,7 +102,7 @@ def evaluate(train_session: ipuxl.Session, train_variables: addons.NamedTensors,
              replicas: int, device: str, loader, show: bool) -> float:
     """Validate in a second replicated session holding the trained weights (replica 0's: all are equal)."""
     trained = train_session.get_tensors_data(train_variables.tensors)
-    test_session, stream, test_variables, out_stream = test_program(test_batch_size, replicas, device)
+    test_session, (stream,), test_variables, out_stream = test_program(test_batch_size, replicas, device)
     test_session.write_variables_data({test_var: trained[train_var].copy()
                                        for train_var, test_var in train_variables.to_mapping(test_variables).items()})
     correct = total = 0.0

@@ -244,10 +244,15 @@ def call_random_ops_directly(graph: fx.Graph) -> bool:
     """Call the seeded random ops' Python implementations without the custom-op dispatch."""
     from ipuxl.ops.random import DIRECT_CALLS
 
+    return _retarget(graph, DIRECT_CALLS)
+
+
+def _retarget(graph: fx.Graph, targets: dict) -> bool:
+    """Call ``targets[f]`` wherever the graph calls ``f``; True if any changed."""
     changed = False
     for node in graph.nodes:
-        if node.op == "call_function" and node.target in DIRECT_CALLS:
-            node.target = DIRECT_CALLS[node.target]
+        if node.op == "call_function" and node.target in targets:
+            node.target = targets[node.target]
             changed = True
     return changed
 
@@ -276,9 +281,4 @@ _KERNELS = {_aten.max_pool2d_with_indices.default: max_pool2d_with_indices}
 def select_kernels(graph: fx.Graph) -> bool:
     """Replace ops by implementations with the same results that run faster (the module
     docstring, point 4); True if any changed."""
-    changed = False
-    for node in graph.nodes:
-        if node.op == "call_function" and node.target in _KERNELS:
-            node.target = _KERNELS[node.target]
-            changed = True
-    return changed
+    return _retarget(graph, _KERNELS)

@@ -24,6 +24,7 @@ closed connection, or the process group's timeout ends the wait).
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import math
 import os
@@ -67,11 +68,21 @@ def ensure_process_group(device: torch.device) -> None:
     backend = "nccl" if device.type == "cuda" else "gloo"
     try:
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=_timeout()))
+        # joined here, so left here: a group still alive at interpreter exit can abort the
+        # process ("terminate called without an active exception") from gloo's threads
+        atexit.register(_leave_process_group)
     except (RuntimeError, ValueError) as exc:
         raise ReplicaFailureError(
             f"could not join the torch.distributed process group ({backend}): {str(exc).splitlines()[0]}",
             where=f"rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}",
             fix="launch with torchrun (it sets MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE)") from exc
+
+
+def _leave_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 # -- the meeting point ------------------------------------------------------------------

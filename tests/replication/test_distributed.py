@@ -195,8 +195,9 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def torchrun(mode: str, out: Path, nproc: int = 2, **env: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_port", str(_free_port()), str(HERE), mode, str(out)]
+    # --standalone: torchrun picks a free port itself (no race with a port chosen here)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           str(HERE), mode, str(out)]
     return subprocess.run(cmd, env=_env(**env), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
 
 
