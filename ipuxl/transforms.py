@@ -8,7 +8,7 @@ from ipuxl.errors import AutodiffError
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.tensor import Tensor
 from ipuxl.ops.call import CallSiteInfo
-from ipuxl.passes.autodiff import differentiate
+from ipuxl.passes.autodiff import differentiate, differentiated_callees
 
 __all__ = ["autodiff", "GradGraphInfo", "ExpectedConnection", "ExpectedConnectionType"]
 
@@ -104,9 +104,13 @@ def autodiff(graph: Graph, grads_provided: Iterable[Tensor] | None = None,
             floating-point outputs).
         grads_required: inputs whose gradients the grad graph returns (default: all
             floating-point inputs).
-        called_graphs_grad_info: accepted for compatibility; subgraphs called by
-            ``graph`` are differentiated inline.
-        return_all_grad_graphs: return ``{graph: info}`` instead of the info.
+        called_graphs_grad_info: accepted for compatibility and not used: each graph
+            ``graph`` calls is differentiated once by this call, in place (it gains
+            outputs for its saved activations), and its calls stay calls in the
+            forward and grad graphs (see ``passes.autodiff``); loop bodies and graphs
+            that modify their inputs are traced through instead.
+        return_all_grad_graphs: return ``{graph: info}`` for ``graph`` and every
+            called graph this call differentiated, instead of the info.
 
     Returns:
         A ``GradGraphInfo``. The forward graph gains outputs for the activations the
@@ -119,13 +123,19 @@ def autodiff(graph: Graph, grads_provided: Iterable[Tensor] | None = None,
     _refuse_collectives(graph)
     provided = list(grads_provided) if grads_provided is not None else None
     required = list(grads_required) if grads_required is not None else None
-    grad_graph, inputs, outputs = differentiate(graph, provided, required)
-    info = GradGraphInfo(
+    differentiate(graph, provided, required)
+    if not return_all_grad_graphs:
+        return _grad_info(graph)
+    return {g: _grad_info(g) for g in [graph, *differentiated_callees(graph)]}
+
+
+def _grad_info(graph: Graph) -> GradGraphInfo:
+    grad_graph, inputs, outputs = graph._ipuxl_grad
+    return GradGraphInfo(
         grad_graph, graph,
         [ExpectedConnection(t, ExpectedConnectionType(kind)) for t, kind in inputs],
         [ExpectedConnection(t, ExpectedConnectionType.FwdGrad) for t in outputs],
     )
-    return {graph: info} if return_all_grad_graphs else info
 
 
 def _refuse_collectives(graph: Graph, seen: set | None = None) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import operator
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -44,6 +45,7 @@ from torch.utils import _pytree as pytree
 
 import ipuxl.ops.random  # noqa: F401  (registers the ipuxl::* random custom ops)
 from ipuxl.errors import TraceError
+from ipuxl.ir.call_op import CallEntry, is_call_graph_node
 from ipuxl.ir.context import traceback_source_line, user_source_line
 from ipuxl.ir.fx_import import copy_fx_body
 from ipuxl.ir.tensor import TensorSpec
@@ -152,6 +154,11 @@ class TracedModule:
     mutated: list[str] = field(default_factory=list)
     # the non-tensor leaves of the call, part of the program (a change means a new trace)
     static_args: tuple = ()
+    n_dropouts: int = 0  # dropouts drawn per call (each takes the next seed modifier)
+    has_losses: bool = False  # a loss function or identity_loss ran inside
+    mutates_inputs: bool = False  # an in-place write to one of the call's own inputs
+    # repeated block modules traced once and called from the graph (``outline=True``)
+    blocks: list["OutlinedBlock"] = field(default_factory=list)
 
     @property
     def n_outputs(self) -> int:
@@ -197,24 +204,35 @@ class _CaptureMode(TorchFunctionMode):
 
 
 def trace_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = None, *,
-                 training: bool, need_loss: bool) -> TracedModule:
+                 training: bool, need_loss: bool, outline: bool = False) -> TracedModule:
     """Trace ``module(*args, **kwargs)`` (see the module docstring).
 
     Args:
         training: trace in training mode (dropout on, BatchNorm batch statistics)
             or in eval mode; the module's own flags are restored afterwards.
         need_loss: find the loss output (``TraceError`` when there is none).
+        outline: trace each kind of repeated block module once and record its other
+            runs as calls of that trace (see ``OutlinedBlock``), so capture time and
+            graph size grow with the number of distinct blocks, not of blocks.
     """
+    candidates = _outline_candidates(module) if outline else {}
+    blocks: dict[Any, OutlinedBlock | None] = {}
+    while True:
+        try:
+            traced = _trace(module, args, kwargs, training=training, need_loss=need_loss,
+                            candidates=candidates, blocks=blocks)
+        except _NeedBlock as need:  # the first run of a kind of block: trace it alone, then start again
+            blocks[need.key] = _trace_block(need, training, candidates)
+            continue
+        traced.blocks = _used_blocks(traced.gm, blocks)
+        return traced
+
+
+def _trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, *, training: bool, need_loss: bool,
+           candidates: dict[torch.nn.Module, Any], blocks: dict[Any, "OutlinedBlock | None"]) -> TracedModule:
     name = type(module).__name__
-    kwargs = dict(kwargs or {})
-    try:
-        bound = inspect.signature(module.forward).bind(*args, **kwargs)
-    except TypeError as exc:
-        raise TraceError(f"cannot call {name}.forward with the given inputs: {exc}", where=user_source_line(),
-                         fix=f"pass the arguments {name}.forward takes") from None
+    bound, leaves, in_spec, tensor_pos = _flatten_call(module, module.forward, args, kwargs)
     arg_names = list(bound.arguments)
-    leaves, in_spec = pytree.tree_flatten((tuple(bound.args), dict(bound.kwargs)))
-    tensor_pos = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
     input_names = _input_names(bound, arg_names)
     params = dict(module.named_parameters())
     buffers = dict(module.named_buffers())
@@ -228,21 +246,21 @@ def trace_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = Non
             call_leaves[pos] = value
         call_args, call_kwargs = pytree.tree_unflatten(call_leaves, in_spec)
         mode = _CaptureMode(seed, name)
-        _state.marked = []
+        _state.marked, _state.mode = [], mode
         try:
-            with mode:
+            with mode, _outlined_blocks(candidates, blocks):
                 out = torch.func.functional_call(module, {**dict(zip(p_names, p_vals)), **dict(zip(b_names, b_vals))},
                                                  call_args, call_kwargs, tie_weights=True, strict=False)
             marked = list(_state.marked)
         finally:
-            _state.marked = None
+            _state.marked = _state.mode = None
         flat, out_spec = pytree.tree_flatten(out)
         bad = [type(v).__name__ for v in flat if not isinstance(v, torch.Tensor)]
         if bad:
             raise TraceError(f"{name}.forward returned non-tensor values ({', '.join(bad)})",
                              where=_forward_source(module),
                              fix="return tensors (or tuples/lists/dicts of tensors) from forward")
-        record.update(out_spec=out_spec, n_dropouts=mode.n_dropouts,
+        record.update(out_spec=out_spec, n_dropouts=mode.n_dropouts, has_losses=bool(marked or mode.losses),
                       loss_index=_find_loss(flat, marked, mode.losses) if need_loss else None)
         return flat
 
@@ -254,14 +272,14 @@ def trace_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = Non
                      decomposition_table=_DECOMPOSITIONS)(
             [t.detach() for t in example], [p.detach() for p in params.values()],
             [b.detach() for b in buffers.values()], torch.zeros(SEED_SHAPE, dtype=SEED_DTYPE))
-    except TraceError:
+    except (TraceError, _NeedBlock):
         raise
     except Exception as exc:  # torch raises many kinds while tracing; all mean "cannot capture this"
         raise _trace_error(name, exc) from None
     finally:
         for m, flag in flags.items():
             m.training = flag
-    mutated = _extract_mutations(gm, len(example), p_names + b_names)
+    mutated, mutates_inputs = _extract_mutations(gm, len(example), p_names + b_names)
     _refuse_random_ops(gm, name, module)
     out_vals = [n.meta["val"] for n in gm.graph.output_node().args[0]]
     n_user = len(out_vals) - len(mutated)
@@ -271,10 +289,177 @@ def trace_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = Non
         uses_seed=record["n_dropouts"] > 0, out_spec=record["out_spec"],
         output_specs=[TensorSpec(tuple(v.shape), v.dtype) for v in out_vals[:n_user]],
         loss_index=record["loss_index"], mutated=mutated,
-        static_args=tuple((i, _static_key(leaf)) for i, leaf in enumerate(leaves) if i not in tensor_pos))
+        static_args=tuple((i, _static_key(leaf)) for i, leaf in enumerate(leaves) if i not in tensor_pos),
+        n_dropouts=record["n_dropouts"], has_losses=record["has_losses"], mutates_inputs=mutates_inputs)
     if need_loss:
         _check_loss(traced, module)
     return traced
+
+
+def _flatten_call(module: torch.nn.Module, forward: Callable, args: tuple,
+                  kwargs: dict | None) -> tuple[inspect.BoundArguments, list, Any, list[int]]:
+    """Bind a call of ``forward``; its pytree leaves, spec and the tensor leaves' positions."""
+    try:
+        bound = inspect.signature(forward).bind(*args, **dict(kwargs or {}))
+    except TypeError as exc:
+        name = type(module).__name__
+        raise TraceError(f"cannot call {name}.forward with the given inputs: {exc}", where=user_source_line(),
+                         fix=f"pass the arguments {name}.forward takes") from None
+    leaves, in_spec = pytree.tree_flatten((tuple(bound.args), dict(bound.kwargs)))
+    return bound, leaves, in_spec, [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+
+
+# -- outlining repeated block modules while tracing --------------------------------------------
+MIN_BLOCK_OPS = 4  # smaller blocks stay inline: a call costs more than it saves and stops fusion
+MIN_SAVINGS = 8  # op instances an outlined block must save over all its copies (as passes.outline)
+
+
+@dataclass
+class OutlinedBlock:
+    """A kind of block module traced once; ``entry`` records its calls in the model's trace.
+
+    The block's graph (``graph_from_trace(ir, traced)``) takes the call's tensor
+    inputs, the block's parameters and buffers, then (when it draws random numbers)
+    a seed: the model's seed shifted by the dropouts that ran before the call
+    (``ops.random.offset_seed``), so masks equal the inlined module's.
+    """
+
+    traced: TracedModule
+    entry: CallEntry
+
+    def call(self, module: torch.nn.Module, tensors: list[torch.Tensor]) -> Any:
+        traced, mode = self.traced, _state.mode
+        extra = []
+        if traced.uses_seed:
+            extra = [torch.ops.ipuxl.offset_seed(mode.seed, mode.n_dropouts)]
+            mode.n_dropouts += traced.n_dropouts
+        state = [_member(module, n) for n in traced.params + traced.buffers]
+        outs = self.entry(*tensors, *state, *extra)
+        for name, new in zip(traced.mutated, outs[traced.n_outputs:]):
+            _member(module, name).copy_(new)  # functionalize turns this into the model's buffer update
+        return pytree.tree_unflatten(list(outs[:traced.n_outputs]), traced.out_spec)
+
+
+class _NeedBlock(Exception):
+    """Raised inside a trace at the first run of a kind of block not traced yet."""
+
+    def __init__(self, key: Any, module: torch.nn.Module, args: tuple, kwargs: dict):
+        super().__init__(type(module).__name__)
+        self.key, self.module, self.args, self.kwargs = key, module, args, kwargs
+
+
+def _member(module: torch.nn.Module, dotted: str) -> torch.Tensor:
+    for part in dotted.split("."):
+        module = getattr(module, part)
+    return module  # type: ignore[return-value]
+
+
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
+
+
+def _structure(module: torch.nn.Module, memo: dict[torch.nn.Module, Any]) -> Any:
+    """What makes two module instances compute the same function of their inputs and
+    state: class, plain attributes, parameter and buffer specs, children (recursively).
+    None when that cannot be told (hooks, a per-instance forward, unhashable state)."""
+    if module in memo:
+        return memo[module]
+    memo[module] = None
+    if (module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module)
+            or getattr(module, "_forward_hooks_with_kwargs", None)):
+        return None
+    attrs = []
+    for key, value in vars(module).items():
+        if key in _MODULE_INTERNALS:
+            continue
+        if isinstance(value, torch.Tensor):
+            attrs.append((key, "tensor", id(value)))  # an unregistered tensor: same object only
+            continue
+        try:
+            hash(value)
+            attrs.append((key, value))
+        except TypeError:
+            attrs.append((key, repr(value)))
+    state = tuple((kind, name, None if t is None else (tuple(t.shape), t.dtype, t.requires_grad))
+                  for kind, members in (("p", module._parameters), ("b", module._buffers))
+                  for name, t in members.items())
+    children = []
+    for name, child in module._modules.items():
+        key = None if child is None else _structure(child, memo)
+        if key is None and child is not None:
+            return None
+        children.append((name, key))
+    memo[module] = (type(module), tuple(sorted(attrs, key=repr)), state, tuple(children))
+    return memo[module]
+
+
+def _outline_candidates(root: torch.nn.Module) -> dict[torch.nn.Module, tuple[Any, int]]:
+    """Outermost submodules with at least one structurally identical sibling instance:
+    ``{module: (structure key, number of instances of that structure)}``."""
+    memo: dict[torch.nn.Module, Any] = {}
+    named = [(name, m) for name, m in root.named_modules() if m is not root]
+    keys = {m: _structure(m, memo) for _, m in named}
+    counts: dict[Any, int] = {}
+    for key in keys.values():
+        if key is not None:
+            counts[key] = counts.get(key, 0) + 1
+    repeated = {name: m for name, m in named if keys[m] is not None and counts[keys[m]] > 1}
+    return {m: (keys[m], counts[keys[m]]) for name, m in repeated.items()
+            if not any(name.startswith(other + ".") for other in repeated)}
+
+
+@contextlib.contextmanager
+def _outlined_blocks(candidates: dict[torch.nn.Module, Any], blocks: dict[Any, OutlinedBlock | None]) -> Iterator[None]:
+    """Route each candidate's forward through its traced block while tracing the model."""
+    for module, (structure, _) in candidates.items():
+        module.forward = _block_forward(module, structure, blocks)
+    try:
+        yield
+    finally:
+        for module in candidates:
+            vars(module).pop("forward", None)
+
+
+def _block_forward(module: torch.nn.Module, structure: Any, blocks: dict[Any, OutlinedBlock | None]) -> Callable:
+    original = type(module).forward.__get__(module)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        _, leaves, in_spec, tensor_pos = _flatten_call(module, original, args, kwargs)
+        key = (structure, str(in_spec), tuple(_static_key(v) for i, v in enumerate(leaves) if i not in tensor_pos),
+               tuple((tuple(leaves[i].shape), leaves[i].dtype) for i in tensor_pos))
+        if key not in blocks:
+            raise _NeedBlock(key, module, args, kwargs)
+        block = blocks[key]
+        if block is None:
+            return original(*args, **kwargs)
+        return block.call(module, [leaves[i] for i in tensor_pos])
+
+    return forward
+
+
+def _trace_block(need: _NeedBlock, training: bool,
+                 candidates: dict[torch.nn.Module, tuple[Any, int]]) -> OutlinedBlock | None:
+    """Trace one block module alone; None (run it inline) when outlining it would not pay
+    or would change what the model computes."""
+    def example(value: Any) -> Any:
+        return torch.zeros(value.shape, dtype=value.dtype) if isinstance(value, torch.Tensor) else value
+
+    args, kwargs = pytree.tree_map(example, (need.args, need.kwargs))
+    try:
+        traced = trace_module(need.module, args, kwargs, training=training, need_loss=False)
+    except TraceError:
+        return None  # traced inline, where the model's trace reports any real problem
+    ops = sum(1 for n in traced.gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem)
+    copies = candidates[need.module][1]
+    if traced.has_losses or traced.mutates_inputs or ops < MIN_BLOCK_OPS or ops * (copies - 1) < MIN_SAVINGS:
+        return None
+    outputs = [TensorSpec(tuple(n.meta["val"].shape), n.meta["val"].dtype)
+               for n in traced.gm.graph.output_node().args[0]]
+    return OutlinedBlock(traced, CallEntry(traced.name, outputs))
+
+
+def _used_blocks(gm: fx.GraphModule, blocks: dict[Any, OutlinedBlock | None]) -> list[OutlinedBlock]:
+    keys = {n.args[0] for n in gm.graph.nodes if is_call_graph_node(n)}
+    return [b for b in blocks.values() if b is not None and b.entry.key in keys]
 
 
 def _input_names(bound: inspect.BoundArguments, arg_names: list[str]) -> list[str]:
@@ -350,13 +535,15 @@ def _trace_error(name: str, exc: Exception) -> TraceError:
                       where=traceback_source_line(exc.__traceback__), fix=fix)
 
 
-def _extract_mutations(gm: fx.GraphModule, n_inputs: int, state_names: list[str]) -> list[str]:
-    """Turn functionalize's trailing ``copy_(param_or_buffer, new)`` into extra outputs."""
+def _extract_mutations(gm: fx.GraphModule, n_inputs: int, state_names: list[str]) -> tuple[list[str], bool]:
+    """Turn functionalize's trailing ``copy_(param_or_buffer, new)`` into extra outputs.
+
+    Returns the mutated state names and whether the call wrote to its own inputs."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     state_nodes = {node: state_names[i] for i, node in enumerate(placeholders[n_inputs:n_inputs + len(state_names)])}
     output = gm.graph.output_node()
     outs = list(output.args[0])
-    mutated = []
+    mutated, mutates_inputs = [], False
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is _aten.copy_.default:
             dst, src = node.args
@@ -366,10 +553,11 @@ def _extract_mutations(gm: fx.GraphModule, n_inputs: int, state_names: list[str]
                 gm.graph.erase_node(node)
             elif dst in placeholders[:n_inputs]:
                 gm.graph.erase_node(node)  # writes to the call's own inputs are not visible to the host
+                mutates_inputs = True
     output.args = (outs,)
     gm.graph.eliminate_dead_code()
     gm.recompile()
-    return mutated
+    return mutated, mutates_inputs
 
 
 def _refuse_random_ops(gm: fx.GraphModule, name: str, module: torch.nn.Module) -> None:
@@ -385,7 +573,12 @@ def _refuse_random_ops(gm: fx.GraphModule, name: str, module: torch.nn.Module) -
 
 
 def graph_from_trace(ir: Any, traced: TracedModule) -> Any:
-    """A new subgraph of ``ir`` computing ``traced`` (see ``TracedModule`` for the interface)."""
+    """A new subgraph of ``ir`` computing ``traced`` (see ``TracedModule`` for the interface).
+
+    Each outlined block becomes one subgraph of its own, called from every place it ran.
+    """
+    for block in traced.blocks:
+        block.entry.graph = graph_from_trace(ir, block.traced)
     graph = ir._new_graph(traced.name)
     placeholders = [n for n in traced.gm.graph.nodes if n.op == "placeholder"]
     names = traced.input_names + traced.params + traced.buffers + ["seed"]

@@ -48,11 +48,28 @@ def dropout_mask_impl(seed: torch.Tensor, shape: list[int], p: float, dtype: tor
     return keep.to(dtype) / (1.0 - p)
 
 
+_MIX_SEED, _MIX_MODIFIER = 0x9E3779B1, 0x85EBCA77
+_STEP = (_MIX_MODIFIER * pow(_MIX_SEED, -1, 2**32)) & 0xFFFFFFFF  # see offset_seed_impl
+
+
 def modify_seed_impl(seed: torch.Tensor, modifier: int) -> torch.Tensor:
     """A new seed from ``seed`` and ``modifier``: word 0 kept, word 1 mixed (mod 2**32)."""
     w0, w1 = (int(v) for v in seed.tolist())
-    mixed = (w1 * 0x9E3779B1 + modifier * 0x85EBCA77 + w0) & 0xFFFFFFFF
+    mixed = (w1 * _MIX_SEED + modifier * _MIX_MODIFIER + w0) & 0xFFFFFFFF
     return torch.tensor([w0, mixed], dtype=seed.dtype, device=seed.device)
+
+
+def offset_seed_impl(seed: torch.Tensor, offset: int) -> torch.Tensor:
+    """The seed ``s`` with ``modify_seed(s, j) == modify_seed(seed, offset + j)`` for every j.
+
+    ``modify_seed`` is linear in its modifier mod 2**32 and its seed multiplier is odd
+    (invertible), so adding ``offset * modifier / multiplier`` to word 1 shifts the
+    modifier. An outlined block module uses it: its graph numbers its own dropouts
+    1, 2... and gets the seed shifted by the dropouts that ran before the call, so
+    its masks are those the inlined module would draw.
+    """
+    w0, w1 = (int(v) for v in seed.tolist())
+    return torch.tensor([w0, (w1 + offset * _STEP) & 0xFFFFFFFF], dtype=seed.dtype, device=seed.device)
 
 
 @torch.library.custom_op("ipuxl::random_uniform", mutates_args=())
@@ -104,8 +121,18 @@ def _(seed, modifier):
     return torch.empty_like(seed)
 
 
+@torch.library.custom_op("ipuxl::offset_seed", mutates_args=())
+def _offset_seed(seed: torch.Tensor, offset: int) -> torch.Tensor:
+    return offset_seed_impl(seed, offset)
+
+
+@_offset_seed.register_fake
+def _(seed, offset):
+    return torch.empty_like(seed)
+
+
 _IMPLS = {"random_uniform": random_uniform_impl, "random_normal": random_normal_impl,
-          "dropout_mask": dropout_mask_impl, "modify_seed": modify_seed_impl}
+          "dropout_mask": dropout_mask_impl, "modify_seed": modify_seed_impl, "offset_seed": offset_seed_impl}
 # fx nodes name an op by its packet (``torch.ops.ipuxl.x``) or overload (``.default``).
 DIRECT_CALLS = {**{getattr(torch.ops.ipuxl, n): f for n, f in _IMPLS.items()},
                 **{getattr(torch.ops.ipuxl, n).default: f for n, f in _IMPLS.items()}}

@@ -16,6 +16,17 @@ Algorithm:
    new outputs (unless they already are inputs or outputs), as in PopXL.
 5. Build the grad IR graph: inputs are the gradients of ``grads_provided`` (in
    order) then the activations; outputs are the gradients of ``grads_required``.
+
+Called graphs stay called. Before the joint trace, each graph that ``graph`` calls
+(``ops.call``) is differentiated once, recursively and in place as PopXL does (it
+gains outputs for its saved activations and gets its own grad graph), and every
+call of it is traced as one ``ipuxl::call_graph`` node whose backward calls that
+grad graph (``ir.call_op.CallGraphFunction``). So a callee called N times costs one
+differentiation plus N call nodes, and the forward and grad graphs call shared
+graphs instead of holding N copies of their ops. Callees that cannot be handled so
+are traced through (inlined) as before: loop bodies (``ops.repeat``), graphs that
+modify an input in place, graphs with host transfers, graphs already differentiated
+by an earlier ``autodiff``, and graphs without a floating-point input and output.
 """
 from __future__ import annotations
 
@@ -28,10 +39,11 @@ from torch._functorch.partitioners import default_partition
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ipuxl.errors import AutodiffError
+from ipuxl.ir.call_op import CallEntry
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.fx_import import copy_fx_body
 from ipuxl.ir.graph import Graph
-from ipuxl.ir.lower import graph_callable
+from ipuxl.ir.lower import CallTarget, RepeatTarget, compiled_callee, graph_callable, lower_graph
 from ipuxl.ir.tensor import Tensor
 
 __all__ = ["differentiate"]
@@ -49,7 +61,8 @@ def differentiate(graph: Graph, grads_provided: Sequence[Tensor] | None,
         ``expected_outputs`` the forward input of each grad-graph output.
     """
     provided, required = _select(graph, grads_provided, grads_required)
-    joint = _trace_joint(graph, provided, required)
+    callees = _CalledGraphs(graph)  # holds the call entries until the trace is imported
+    joint = _trace_joint(graph, provided, required, callees)
     n_fwd = len(graph.outputs)
     _check_paths(graph, joint, n_fwd, required, grads_required is not None)
     _tag_forward(joint, n_fwd)
@@ -57,7 +70,104 @@ def differentiate(graph: Graph, grads_provided: Sequence[Tensor] | None,
     saved = _rewrite_forward(graph, fw, n_fwd)
     grad_graph = _build_grad_graph(graph, bw, provided, saved, required)
     expected_inputs = [(t, "FwdGrad") for t in provided] + [(t, "Fwd") for _, t in saved]
+    graph._ipuxl_grad = (grad_graph, expected_inputs, required)
     return grad_graph, expected_inputs, required
+
+
+def differentiated_callees(graph: Graph) -> list[Graph]:
+    """Graphs called (at any depth) from ``graph`` that autodiff differentiated in place."""
+    found: list[Graph] = []
+    stack, seen = [graph], {graph}
+    while stack:
+        for node in stack.pop().fx.nodes:
+            callee = getattr(node.target, "graph", None) if isinstance(node.target, CallTarget) else None
+            if callee is not None and callee not in seen:
+                seen.add(callee)
+                stack.append(callee)
+                if getattr(callee, "_ipuxl_grad", None) is not None:
+                    found.append(callee)
+    return found
+
+
+# -- step 0b: called graphs ------------------------------------------------------------------
+class _CalledGraphs:
+    """The graphs ``graph`` calls, each differentiated once, as differentiable call entries."""
+
+    def __init__(self, graph: Graph):
+        self._entries: dict[Graph, CallEntry | None] = {}
+        self._loop_bodies = _loop_bodies(graph)
+
+    def entry(self, callee: Graph) -> CallEntry | None:
+        if callee not in self._entries:
+            self._entries[callee] = self._prepare(callee) if self._eligible(callee) else None
+        return self._entries[callee]
+
+    def _eligible(self, callee: Graph) -> bool:
+        if callee in self._loop_bodies or getattr(callee, "_ipuxl_grad", None) is not None:
+            return False
+        if any(callee.is_input_modified(t) for t in callee.inputs):
+            return False
+        if any(n.meta.get("ipuxl_role") in ("h2d", "d2h") for n in callee.fx.nodes):
+            return False
+        return (any(t.dtype.is_floating_point for t in callee.inputs)
+                and any(t.dtype.is_floating_point for t in callee.outputs))
+
+    def _prepare(self, callee: Graph) -> CallEntry:
+        grad_graph, expected, required = differentiate(callee, None, None)
+        inputs = {id(t): i for i, t in enumerate(callee.inputs)}
+        outputs = {id(t): i for i, t in enumerate(callee.outputs)}
+        grad_entry = CallEntry(grad_graph.name, [t.spec for t in grad_graph.outputs], graph=grad_graph,
+                               run=_eager(grad_graph))
+        self._entries[grad_graph] = grad_entry  # kept alive with the forward entry
+
+        def backward(args: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
+                     grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+            grad_args = []
+            for t, kind in expected:
+                if kind == "FwdGrad":
+                    g = grads[outputs[id(t)]]
+                    grad_args.append(torch.zeros(t.shape, dtype=t.dtype, device=args[0].device) if g is None else g)
+                else:
+                    grad_args.append(args[inputs[id(t)]] if id(t) in inputs else outs[outputs[id(t)]])
+            result: list[torch.Tensor | None] = [None] * len(args)
+            for t, g in zip(required, grad_entry(*grad_args)):
+                result[inputs[id(t)]] = g
+            return result
+
+        return CallEntry(callee.name, [t.spec for t in callee.outputs], graph=callee, backward=backward,
+                         run=_eager(callee))
+
+
+def _loop_bodies(graph: Graph) -> set[Graph]:
+    """Graphs run by ``ops.repeat`` anywhere below ``graph`` (their outputs feed their inputs)."""
+    bodies: set[Graph] = set()
+    stack, seen = [graph], {graph}
+    while stack:
+        for node in stack.pop().fx.nodes:
+            if isinstance(node.target, CallTarget):
+                if isinstance(node.target, RepeatTarget):
+                    bodies.add(node.target.graph)
+                if node.target.graph not in seen:
+                    seen.add(node.target.graph)
+                    stack.append(node.target.graph)
+    return bodies
+
+
+def _eager(graph: Graph) -> Any:
+    return lambda *args: graph_callable(graph)(*args)
+
+
+def _forward_callable(graph: Graph, callees: _CalledGraphs) -> Any:
+    """``graph`` lowered for the joint trace: eligible callees become call entries."""
+    cache: dict[Graph, Any] = {}
+
+    def callee_fn(g: Graph) -> Any:
+        if g not in cache:
+            entry = callees.entry(g)
+            cache[g] = compiled_callee(g, entry if entry is not None else lower_graph(g, callee_fn).forward)
+        return cache[g]
+
+    return compiled_callee(graph, lower_graph(graph, callee_fn).forward)
 
 
 # -- step 0: which gradients ------------------------------------------------------------
@@ -90,8 +200,9 @@ def _require_member(t: Tensor, members: Sequence[Tensor], graph: Graph, arg: str
 
 
 # -- step 1: joint trace ----------------------------------------------------------------------
-def _trace_joint(graph: Graph, provided: list[Tensor], required: list[Tensor]) -> fx.GraphModule:
-    forward = graph_callable(graph)
+def _trace_joint(graph: Graph, provided: list[Tensor], required: list[Tensor],
+                 callees: _CalledGraphs) -> fx.GraphModule:
+    forward = _forward_callable(graph, callees)
     outs_idx = [_index(graph.outputs, t) for t in provided]
     req_idx = [_index(graph.inputs, t) for t in required]
     # Inputs the graph updates in place are copied, as a by-value call does.

@@ -291,7 +291,8 @@ class PoplarExecutor:
         leaves, spec = micro
         examples = [torch.empty(v.shape, dtype=v.dtype) if isinstance(v, _MicroBatch) else v for v in leaves]
         args, kwargs = pytree.tree_unflatten(examples, spec)
-        return trace_module(self.model, args, kwargs, training=self.training, need_loss=self.training)
+        return trace_module(self.model, args, kwargs, training=self.training, need_loss=self.training,
+                            outline=self.options.auto_outline)
 
     def _close_session(self) -> None:
         if self._session is not None and self._attached:
