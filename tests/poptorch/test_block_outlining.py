@@ -1,0 +1,244 @@
+"""Repeated block modules traced once (``trace_module(..., outline=True)``, on by default
+in ``trainingModel``/``inferenceModel``): each kind of block becomes one graph, called
+from every place it runs, and autodiff gives it one grad graph. Eager PyTorch is the
+oracle, dropout masks included (``DropoutReplay``)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.testing import assert_close
+
+import ipuxl
+from ipuxl.capture.trace import trace_module
+from ipuxl.ir.call_op import is_call_graph_node
+from ipuxl.ir.lower import CallTarget
+from ipuxl.ops.random import modify_seed_impl, offset_seed_impl
+from ipuxl.poptorch_compat import DropoutReplay
+
+WIDTH, BATCH = 8, 4
+
+
+class MLPBlock(nn.Module):
+    """A pre-norm transformer-style MLP block: LayerNorm, Linear, GELU, dropout, Linear, residual."""
+
+    def __init__(self, p: float = 0.25):
+        super().__init__()
+        self.norm = nn.LayerNorm(WIDTH)
+        self.up = nn.Linear(WIDTH, 2 * WIDTH)
+        self.down = nn.Linear(2 * WIDTH, WIDTH)
+        self.p = p
+
+    def forward(self, x):
+        h = F.dropout(F.gelu(self.up(self.norm(x))), self.p, self.training)
+        return x + self.down(h)
+
+
+class Stack(nn.Module):
+    def __init__(self, blocks: list, head_dropout: float = 0.1):
+        super().__init__()
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Linear(WIDTH, 3)
+        self.p = head_dropout
+
+    def forward(self, x, y):
+        out = self.head(F.dropout(self.blocks(x), self.p, self.training))
+        return out, F.cross_entropy(out, y)
+
+
+def _data(n: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, WIDTH, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def _calls(graph, name: str) -> int:
+    return sum(1 for n in graph.fx.nodes if isinstance(n.target, CallTarget) and n.target.graph.base_name == name)
+
+
+def _graph(model, base_name: str):
+    return next(g for g in model._session.ir.graphs if g.base_name == base_name)
+
+
+@pytest.mark.parametrize("outline", [True, False], ids=["outlined", "inlined"])
+def test_dropout_blocks_train_like_eager_with_the_device_masks(outline):
+    torch.manual_seed(0)
+    net = Stack([MLPBlock() for _ in range(4)])
+    ref = copy.deepcopy(net)
+    opts = ipuxl.Options().deviceIterations(2).randomSeed(7).autoOutline(outline)
+    model = ipuxl.trainingModel(net, opts, optimizer=torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    replay = DropoutReplay(7)
+    for call in range(2):
+        x, y = _data(2 * BATCH, call)
+        _, losses = model(x, y)
+        for xs, ys in zip(x.split(BATCH), y.split(BATCH)):
+            ref_opt.zero_grad()
+            with replay.step():
+                _, loss = ref(xs, ys)
+            loss.backward()
+            ref_opt.step()
+        assert_close(losses, loss.detach(), rtol=1e-5, atol=1e-6)  # training's default output: the last step's
+    for p, q in zip(net.parameters(), ref.parameters()):
+        assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+    names = {g.base_name for g in model._session.ir.graphs}
+    if outline:  # one block graph and one grad graph, called once per block
+        assert {"MLPBlock", "MLPBlock_grad"} <= names
+        assert _calls(_graph(model, "Stack"), "MLPBlock") == 4
+        assert _calls(_graph(model, "Stack_grad"), "MLPBlock_grad") == 4
+    else:
+        assert "MLPBlock" not in names
+
+
+def test_batchnorm_blocks_update_their_running_statistics():
+    class BNBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(WIDTH, WIDTH)
+            self.bn = nn.BatchNorm1d(WIDTH)
+
+        def forward(self, x):
+            return x + torch.relu(self.bn(self.fc(x)))
+
+    torch.manual_seed(1)
+    net = Stack([BNBlock() for _ in range(3)], head_dropout=0.0)
+    ref = copy.deepcopy(net)
+    model = ipuxl.trainingModel(net, ipuxl.Options().deviceIterations(3),
+                                optimizer=torch.optim.SGD(net.parameters(), lr=0.05))
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05)
+    x, y = _data(3 * BATCH, 3)
+    model(x, y)
+    for xs, ys in zip(x.split(BATCH), y.split(BATCH)):
+        ref_opt.zero_grad()
+        ref(xs, ys)[1].backward()
+        ref_opt.step()
+    model.copyWeightsToHost()
+    assert _calls(_graph(model, "Stack"), "BNBlock") == 3
+    ref_buffers = dict(ref.named_buffers())
+    for name, buf in net.named_buffers():
+        assert_close(buf, ref_buffers[name], rtol=1e-5, atol=1e-6)
+    for p, q in zip(net.parameters(), ref.parameters()):
+        assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+    # in eval mode the blocks read the running statistics: also one graph, called 3 times
+    net.eval()
+    ref.eval()
+    x, y = _data(BATCH, 4)
+    inference = ipuxl.inferenceModel(net)
+    assert_close(inference(x, y)[0], ref(x, y)[0], rtol=1e-5, atol=1e-6)
+    assert _calls(_graph(inference, "Stack"), "BNBlock") == 3
+
+
+class Scaled(nn.Module):
+    def __init__(self, scale: float):
+        super().__init__()
+        self.fc = nn.Linear(WIDTH, WIDTH)
+        self.scale = scale
+
+    def forward(self, x):
+        return x + self.scale * torch.tanh(self.fc(x))
+
+
+def _trace(net: nn.Module, outline: bool = True):
+    x, y = _data(BATCH, 0)
+    return trace_module(net, (x, y), training=True, need_loss=True, outline=outline)
+
+
+def _aten_nodes(traced) -> int:
+    return sum(1 for n in traced.gm.graph.nodes
+               if isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "aten")
+
+
+def test_each_kind_of_block_is_traced_once_whatever_the_depth():
+    shallow, deep = _trace(Stack([MLPBlock() for _ in range(2)])), _trace(Stack([MLPBlock() for _ in range(9)]))
+    assert [len(t.blocks) for t in (shallow, deep)] == [1, 1]
+    assert sum(map(is_call_graph_node, deep.gm.graph.nodes)) == 9
+    assert _aten_nodes(shallow) == _aten_nodes(deep)  # the head, its dropout and the loss only
+    # each call's dropout seed: the model's seed shifted past the dropouts before it
+    assert sum(n.target is torch.ops.ipuxl.offset_seed.default for n in deep.gm.graph.nodes) == 9
+    inlined = _trace(Stack([MLPBlock() for _ in range(9)]), outline=False)
+    assert not inlined.blocks and _aten_nodes(inlined) > 9 * 5
+
+
+def test_blocks_that_differ_in_an_attribute_get_graphs_of_their_own():
+    torch.manual_seed(2)
+    net = Stack([Scaled(0.5), Scaled(0.25), Scaled(0.5), Scaled(0.25), Scaled(0.5), Scaled(0.25)], head_dropout=0.0)
+    traced = _trace(net)
+    assert len(traced.blocks) == 2
+    ref = copy.deepcopy(net)
+    x, y = _data(BATCH, 5)
+    model = ipuxl.trainingModel(net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    _, loss = model(x, y)
+    _, ref_loss = ref(x, y)
+    ref_loss.backward()
+    torch.optim.SGD(ref.parameters(), lr=0.1).step()
+    assert_close(loss, ref_loss.detach(), rtol=1e-5, atol=1e-6)
+    for p, q in zip(net.parameters(), ref.parameters()):
+        assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+    # one of a kind is not outlined
+    assert not _trace(Stack([Scaled(0.5), Scaled(0.25)] + [nn.Identity()] * 2)).blocks
+
+
+class WritesInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x):
+        x.mul_(0.5)  # the caller's tensor changes
+        return torch.tanh(self.fc(x)) * 2.0 + 1.0
+
+
+class Hooked(Scaled):
+    def __init__(self):
+        super().__init__(0.5)
+        self.register_forward_hook(lambda module, args, out: out * 2.0)
+
+
+class LossInside(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x):
+        h = torch.tanh(self.fc(x))
+        return h + F.mse_loss(h, x) * 0.0 + 1.0
+
+
+@pytest.mark.parametrize("block", [lambda: nn.Linear(WIDTH, WIDTH), WritesInput, Hooked, LossInside],
+                         ids=["too-small", "writes-its-input", "hooked", "loss-inside"])
+def test_blocks_that_cannot_be_outlined_are_traced_inline(block):
+    torch.manual_seed(3)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([block() for _ in range(4)])
+            self.head = nn.Linear(WIDTH, 3)
+
+        def forward(self, x, y):
+            for b in self.blocks:
+                x = b(x.clone() if isinstance(b, WritesInput) else x)
+            out = self.head(x)
+            return out, F.cross_entropy(out, y)
+
+    net = Net()
+    assert not _trace(net).blocks
+    ref = copy.deepcopy(net)
+    x, y = _data(BATCH, 6)
+    model = ipuxl.trainingModel(net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    _, loss = model(x, y)
+    _, ref_loss = ref(x, y)
+    ref_loss.backward()
+    torch.optim.SGD(ref.parameters(), lr=0.1).step()
+    assert_close(loss, ref_loss.detach(), rtol=1e-5, atol=1e-6)
+    for p, q in zip(net.parameters(), ref.parameters()):
+        assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_offset_seed_shifts_the_seed_modifier():
+    seed = torch.tensor([12345, 2**31 - 7])
+    for offset in (0, 1, 3, 1000):
+        for j in (1, 2, 17):
+            assert torch.equal(modify_seed_impl(offset_seed_impl(seed, offset), j), modify_seed_impl(seed, offset + j))
