@@ -1,15 +1,23 @@
 """Capture, passes and compile time of a deep residual MLP, with and without outlining.
 
-Run:   python benchmarks/bench_outline.py [--blocks 4,12,48] [--repeats 3] [--width 64]
+Run:   python benchmarks/bench_outline.py [--block residual|mlp] [--blocks 4,12,48] [--repeats 3] [--width 64]
 
-The model is N identical blocks ``x + 0.1 * tanh(Linear(x))`` then a Linear head and
-cross-entropy, wrapped with ``ipuxl.trainingModel`` (SGD) and compiled for batch 16
-with ``Options().autoOutline(True | False)``. Phases, timed by wrapping the executor's
-steps (median of ``--repeats`` fresh models):
+The model is N identical blocks then a Linear head and cross-entropy, wrapped with
+``ipuxl.trainingModel`` (SGD) and compiled for batch 16 with
+``Options().autoOutline(True | False)``. Blocks (``--block``):
 
-* capture: ``trace_module`` (make_fx of forward + loss);
-* passes: ``build_program`` (autodiff and the step program);
-* outline: ``passes.outline.outline_ir`` (when on);
+* ``residual``: ``x + 0.1 * tanh(Linear(x))`` (5 forward ops, 2 parameters);
+* ``mlp``: a transformer's MLP block, ``x + Linear(GELU(Linear(LayerNorm(x))))``
+  with a 2x wider hidden layer (6 parameters).
+
+Phases, timed by wrapping the executor's steps (median of ``--repeats`` fresh models):
+
+* capture: ``trace_module`` (make_fx of forward + loss; with outlining each kind of
+  block is traced once and its other runs are recorded as calls);
+* passes: ``build_program`` (autodiff, which differentiates a called block once, and
+  the step program);
+* outline: ``passes.outline.outline_ir`` (when on: what capture did not outline, such
+  as the optimiser's per-weight updates);
 * compile: ``Session(...)`` (lowering every graph to Python code once, the resource check);
 
 plus the program size the IPU resource model charges (op instances, each graph once)
@@ -42,10 +50,24 @@ class Block(nn.Module):
         return x + 0.1 * torch.tanh(self.fc(x))
 
 
-class Net(nn.Module):
-    def __init__(self, blocks: int, width: int):
+class MLPBlock(nn.Module):
+    def __init__(self, width: int):
         super().__init__()
-        self.blocks = nn.Sequential(*[Block(width) for _ in range(blocks)])
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 2 * width)
+        self.down = nn.Linear(2 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+BLOCKS = {"residual": Block, "mlp": MLPBlock}
+
+
+class Net(nn.Module):
+    def __init__(self, blocks: int, width: int, block: str = "residual"):
+        super().__init__()
+        self.blocks = nn.Sequential(*[BLOCKS[block](width) for _ in range(blocks)])
         self.head = nn.Linear(width, 10)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor):
@@ -90,9 +112,9 @@ def code_ops(ir: Any) -> int:
                and n.meta.get("ipuxl_op") != "output_of" and getattr(n.target, "__name__", "") != "getitem")
 
 
-def compile_once(blocks: int, width: int, outline: bool, seed: int = 0):
+def compile_once(blocks: int, width: int, outline: bool, block: str, seed: int = 0):
     torch.manual_seed(seed)
-    net = Net(blocks, width)
+    net = Net(blocks, width, block)
     opts = ipuxl.Options().autoOutline(outline)
     model = ipuxl.trainingModel(net, opts, optimizer=torch.optim.SGD(net.parameters(), lr=0.05))
     x = torch.randn(16, width, generator=torch.Generator().manual_seed(1))
@@ -104,10 +126,10 @@ def compile_once(blocks: int, width: int, outline: bool, seed: int = 0):
     return timer, weights
 
 
-def eager_step(blocks: int, width: int, seed: int = 0) -> list[torch.Tensor]:
+def eager_step(blocks: int, width: int, block: str, seed: int = 0) -> list[torch.Tensor]:
     """The weights after the same compile-then-train call's one step, in eager PyTorch."""
     torch.manual_seed(seed)
-    net = Net(blocks, width)
+    net = Net(blocks, width, block)
     x = torch.randn(16, width, generator=torch.Generator().manual_seed(1))
     y = torch.randint(0, 10, (16,), generator=torch.Generator().manual_seed(2))
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
@@ -119,6 +141,7 @@ def eager_step(blocks: int, width: int, seed: int = 0) -> list[torch.Tensor]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--block", choices=sorted(BLOCKS), default="residual")
     parser.add_argument("--blocks", default="4,12,48")
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
@@ -127,18 +150,19 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     counts = [int(b) for b in args.blocks.split(",")]
-    compile_once(2, args.width, True)  # warm-up: imports, first make_fx
+    compile_once(2, args.width, True, args.block)  # warm-up: imports, first make_fx
     rows = []
     for blocks in counts:
         for outline in (False, True):
             phases: dict[str, list[float]] = {"capture": [], "passes": [], "outline": [], "compile": []}
             for _ in range(args.repeats):
-                timer, weights = compile_once(blocks, args.width, outline)
+                timer, weights = compile_once(blocks, args.width, outline, args.block)
                 for k in phases:
                     phases[k].append(timer.times.get(k, 0.0))
             ir = timer.programs[-1].ir
             rows.append((blocks, outline, {k: statistics.median(v) for k, v in phases.items()}, code_ops(ir),
                          len(ir.graphs), weights))
+    print(f"block: {args.block}, width {args.width}")
     print(f"{'blocks':>6} {'outline':>7} {'capture s':>9} {'passes s':>8} {'outline s':>9} {'compile s':>9} "
           f"{'total s':>7} {'code ops':>8} {'graphs':>6}")
     for blocks, outline, t, ops, graphs, _ in rows:
@@ -152,9 +176,10 @@ def main() -> None:
         t0, t1 = by[(first, outline)][0], by[(last, outline)][0]
         print(f"outline={outline}: {last}/{first} blocks = {last / first:.0f}x; compile time x"
               f"{t1['compile'] / t0['compile']:.2f}, capture+passes+compile x{sum(t1.values()) / sum(t0.values()):.2f}, "
-              f"code ops x{by[(last, outline)][1] / by[(first, outline)][1]:.2f}")
+              f"code ops x{by[(last, outline)][1] / by[(first, outline)][1]:.2f}; "
+              f"each added block costs {1000 * (sum(t1.values()) - sum(t0.values())) / (last - first):.1f} ms")
     for blocks in counts:
-        eager = eager_step(blocks, args.width)
+        eager = eager_step(blocks, args.width, args.block)
         diffs = [max(float((a - b).abs().max()) for a, b in zip(by[(blocks, o)][2], eager)) for o in (False, True)]
         print(f"{blocks} blocks: weights after one step, max |ipuxl - eager|: inlined {diffs[0]:.2e}, "
               f"outlined {diffs[1]:.2e}")

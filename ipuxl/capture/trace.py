@@ -367,18 +367,8 @@ def _structure(module: torch.nn.Module, memo: dict[torch.nn.Module, Any]) -> Any
     if (module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module)
             or getattr(module, "_forward_hooks_with_kwargs", None)):
         return None
-    attrs = []
-    for key, value in vars(module).items():
-        if key in _MODULE_INTERNALS:
-            continue
-        if isinstance(value, torch.Tensor):
-            attrs.append((key, "tensor", id(value)))  # an unregistered tensor: same object only
-            continue
-        try:
-            hash(value)
-            attrs.append((key, value))
-        except TypeError:
-            attrs.append((key, repr(value)))
+    attrs = [(key, _attr_key(value)) for key, value in vars(module).items()
+             if key not in _MODULE_INTERNALS and not key.startswith("_ipuxl")]
     state = tuple((kind, name, None if t is None else (tuple(t.shape), t.dtype, t.requires_grad))
                   for kind, members in (("p", module._parameters), ("b", module._buffers))
                   for name, t in members.items())
@@ -390,6 +380,17 @@ def _structure(module: torch.nn.Module, memo: dict[torch.nn.Module, Any]) -> Any
         children.append((name, key))
     memo[module] = (type(module), tuple(sorted(attrs, key=repr)), state, tuple(children))
     return memo[module]
+
+
+def _attr_key(value: Any) -> Any:
+    """Plain values compare by value (containers item by item); any other object by identity."""
+    if isinstance(value, (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, type)):
+        return (type(value).__name__, value)
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, tuple(_attr_key(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((_attr_key(k), _attr_key(v)) for k, v in value.items()))
+    return ("id", id(value))  # tensors, functions, other objects: the same one only
 
 
 def _outline_candidates(root: torch.nn.Module) -> dict[torch.nn.Module, tuple[Any, int]]:

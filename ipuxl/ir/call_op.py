@@ -113,6 +113,7 @@ class CallGraphFunction(torch.autograd.Function):
         key, *args = inputs
         ctx.key, ctx.n_args = key, len(args)
         ctx.save_for_backward(*args, *output)
+        ctx.set_materialize_grads(False)  # no zeros traced for outputs nothing reads (saved activations)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:  # type: ignore[override]

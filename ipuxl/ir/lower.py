@@ -175,6 +175,9 @@ def _unwritten_outputs(graph: "Graph", call: fx.Node, writes: dict[fx.Node, list
     order = {node: i for i, node in enumerate(graph.fx.nodes)}
     returned = {t.node for t in graph.outputs}
     roots = {_storage_root(a, copied) for a in call.all_input_nodes}
+    start = order[call]
+    # the first write to any input's storage after the call (one pass, however many outputs)
+    first_write = min((w for r in roots for w in writes.get(r, ()) if w > start), default=None)
     safe = set()
     for user in call.users:
         if user.target is not operator.getitem or user in returned or user in writes:
@@ -182,7 +185,7 @@ def _unwritten_outputs(graph: "Graph", call: fx.Node, writes: dict[fx.Node, list
         if any("ipuxl_view_of" in u.meta or u.target is operator.getitem for u in user.users):
             continue
         last_use = max((order[u] for u in user.users), default=order[user])
-        if not any(order[call] < w <= last_use for r in roots for w in writes.get(r, ())):
+        if first_write is None or first_write > last_use:
             safe.add(user.args[1])
     return frozenset(safe)
 

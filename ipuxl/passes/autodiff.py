@@ -206,7 +206,8 @@ def _trace_joint(graph: Graph, provided: list[Tensor], required: list[Tensor],
     outs_idx = [_index(graph.outputs, t) for t in provided]
     req_idx = [_index(graph.inputs, t) for t in required]
     # Inputs the graph updates in place are copied, as a by-value call does.
-    modified = [i for i, t in enumerate(graph.inputs) if graph.is_input_modified(t)]
+    written = {w for n in graph.fx.nodes for w in n.meta.get("ipuxl_writes", ())}
+    modified = [i for i, t in enumerate(graph.inputs) if t.node in written]
 
     def joint(primals: list[torch.Tensor], tangents: list[torch.Tensor]) -> tuple:
         def f(*req: torch.Tensor) -> tuple:
@@ -236,25 +237,23 @@ def _check_paths(graph: Graph, joint: fx.GraphModule, n_fwd: int, required: list
     if not explicit:
         return
     grads = list(joint.graph.output_node().args[0][n_fwd:])
+    reached = _tangent_dependent(joint)
     for t, grad in zip(required, grads):
-        if not _depends_on_tangent(grad):
+        if grad not in reached:
             raise AutodiffError(
                 f"autodiff of graph '{graph.name}': input '{t.name}' has no differentiable path to the "
                 "outputs in grads_provided (its gradient would always be zero)", where=user_source_line(),
                 fix="remove it from grads_required, or check that the outputs use it (ops.detach stops gradients)")
 
 
-def _depends_on_tangent(node: Any) -> bool:
-    seen, stack = set(), [node]
-    while stack:
-        n = stack.pop()
-        if not isinstance(n, fx.Node) or n in seen:
-            continue
-        seen.add(n)
-        if n.op == "placeholder" and n.name.startswith("tangents"):
-            return True
-        stack.extend(n.all_input_nodes)
-    return False
+def _tangent_dependent(joint: fx.GraphModule) -> set[fx.Node]:
+    """Nodes that depend on a tangent input (one pass in program order)."""
+    reached: set[fx.Node] = set()
+    for node in joint.graph.nodes:
+        if (node.op == "placeholder" and node.name.startswith("tangents")) or any(
+                a in reached for a in node.all_input_nodes):
+            reached.add(node)
+    return reached
 
 
 # -- step 2: tags -----------------------------------------------------------------------------------

@@ -79,7 +79,10 @@ def _target_key(node: fx.Node) -> Any:
 
 def _const_key(value: Any) -> Any:
     if isinstance(value, fx.Node):
-        return ("T", _spec(value.meta.get("val")))
+        val = value.meta.get("val")
+        if isinstance(val, (tuple, list)):  # a call's results: each item's spec is in its getitem's signature
+            return ("T", "results", len(val))
+        return ("T", _spec(val))
     if isinstance(value, torch.Tensor):  # a tensor literal in the args: compare by value
         return ("tensor", _spec(value), value.detach().cpu().numpy().tobytes())
     if isinstance(value, (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format,

@@ -260,8 +260,9 @@ class PoplarExecutor:
             self._seed = self._device_seed()
             self._close_session()
         elif self.training:
+            params = _params_by_name(self.model)
             for plan in self._plans:
-                param = _param_by_name(self.model, plan.name)
+                param = params[plan.name]
                 for state, value in initial_state(self.optimizer, param, plan).items():
                     states[(plan.name, state)] = value.detach().cpu().numpy()
         if micro is None:
@@ -317,10 +318,14 @@ class PoplarExecutor:
                     host.copy_(torch.from_numpy(np.array(data[tensors[name]])))
         if self.training and self.optimizer is not None:
             states = self._device_states()
+            params = _params_by_name(self.model)
+            by_param: dict[str, dict[str, torch.Tensor]] = {}
+            for (p, s), v in states.items():
+                by_param.setdefault(p, {})[s] = torch.from_numpy(v)
             for plan in self._plans:
-                mine = {s: torch.from_numpy(v) for (p, s), v in states.items() if p == plan.name}
+                mine = by_param.get(plan.name)
                 if mine:
-                    write_state(self.optimizer, _param_by_name(self.model, plan.name), plan, mine,
+                    write_state(self.optimizer, params[plan.name], plan, mine,
                                 steps_taken=self._unsynced_steps)
             self._unsynced_steps = 0
 
@@ -512,8 +517,8 @@ def _named_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
     yield from torch.nn.Module.named_buffers(model)
 
 
-def _param_by_name(model: torch.nn.Module, name: str) -> torch.Tensor:
-    return dict(torch.nn.Module.named_parameters(model))[name]
+def _params_by_name(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return dict(torch.nn.Module.named_parameters(model))
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
