@@ -62,25 +62,28 @@ def _graph(model, base_name: str):
     return next(g for g in model._session.ir.graphs if g.base_name == base_name)
 
 
-@pytest.mark.parametrize("outline", [True, False], ids=["outlined", "inlined"])
-def test_dropout_blocks_train_like_eager_with_the_device_masks(outline):
+@pytest.mark.parametrize("outline,accumulation", [(True, 1), (False, 1), (True, 2)],
+                         ids=["outlined", "inlined", "outlined-accumulation"])
+def test_dropout_blocks_train_like_eager_with_the_device_masks(outline, accumulation):
     torch.manual_seed(0)
     net = Stack([MLPBlock() for _ in range(4)])
     ref = copy.deepcopy(net)
     opts = ipuxl.Options().deviceIterations(2).randomSeed(7).autoOutline(outline)
+    opts.Training.gradientAccumulation(accumulation)
     model = ipuxl.trainingModel(net, opts, optimizer=torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    replay = DropoutReplay(7)
+    replay = DropoutReplay(7, accumulation)
     for call in range(2):
-        x, y = _data(2 * BATCH, call)
+        x, y = _data(2 * accumulation * BATCH, call)
         _, losses = model(x, y)
-        for xs, ys in zip(x.split(BATCH), y.split(BATCH)):
+        for xs, ys in zip(x.split(accumulation * BATCH), y.split(accumulation * BATCH)):
             ref_opt.zero_grad()
-            with replay.step():
-                _, loss = ref(xs, ys)
-            loss.backward()
+            for xm, ym in zip(xs.split(BATCH), ys.split(BATCH)):
+                with replay.step():
+                    _, loss = ref(xm, ym)
+                (loss / accumulation).backward()
             ref_opt.step()
-        assert_close(losses, loss.detach(), rtol=1e-5, atol=1e-6)  # training's default output: the last step's
+        assert_close(losses, loss.detach(), rtol=1e-5, atol=1e-6)  # training's default output: the last micro-batch's
     for p, q in zip(net.parameters(), ref.parameters()):
         assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
     names = {g.base_name for g in model._session.ir.graphs}
