@@ -217,6 +217,8 @@ def trace_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = Non
     """
     candidates = _outline_candidates(module) if outline else {}
     blocks: dict[Any, OutlinedBlock | None] = {}
+    if candidates:
+        _discover_blocks(module, args, kwargs, training, candidates, blocks)
     while True:
         try:
             traced = _trace(module, args, kwargs, training=training, need_loss=need_loss,
@@ -435,6 +437,38 @@ def _block_forward(module: torch.nn.Module, structure: Any, blocks: dict[Any, Ou
         return block.call(module, [leaves[i] for i in tensor_pos])
 
     return forward
+
+
+def _discover_blocks(module: torch.nn.Module, args: tuple, kwargs: dict | None, training: bool,
+                     candidates: dict[torch.nn.Module, tuple[Any, int]],
+                     blocks: dict[Any, OutlinedBlock | None]) -> None:
+    """Find the kinds of blocks the model runs, and trace each alone, by running the model
+    on meta tensors (no tracing, so cheap); the model's trace then meets known blocks only.
+    Anything meta tensors cannot run leaves the rest to the retries of ``trace_module``."""
+    def meta(value: Any) -> Any:
+        return torch.empty(value.shape, dtype=value.dtype, device="meta") if isinstance(value, torch.Tensor) else value
+
+    state = {name: meta(t) for name, t in [*module.named_parameters(), *module.named_buffers()]}
+    meta_args, meta_kwargs = pytree.tree_map(meta, (tuple(args), dict(kwargs or {})))
+    flags = {m: m.training for m in module.modules()}
+    module.train(training)
+    try:
+        for _ in range(len(candidates) + 1):
+            mode = _CaptureMode(torch.zeros(SEED_SHAPE, dtype=SEED_DTYPE, device="meta"), type(module).__name__)
+            _state.marked, _state.mode = [], mode
+            try:
+                with torch.no_grad(), mode, _outlined_blocks(candidates, blocks):
+                    torch.func.functional_call(module, state, meta_args, meta_kwargs, tie_weights=True, strict=False)
+                return
+            except _NeedBlock as need:
+                _state.marked = _state.mode = None
+                blocks[need.key] = _trace_block(need, training, candidates)
+    except Exception:  # noqa: BLE001 - an op without a meta kernel, data-dependent code...: trace instead
+        return
+    finally:
+        _state.marked = _state.mode = None
+        for m, flag in flags.items():
+            m.training = flag
 
 
 def _trace_block(need: _NeedBlock, training: bool,

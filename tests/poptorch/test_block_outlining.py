@@ -153,8 +153,20 @@ def _aten_nodes(traced) -> int:
                if isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "aten")
 
 
-def test_each_kind_of_block_is_traced_once_whatever_the_depth():
+@pytest.mark.parametrize("discovery", [True, False], ids=["meta-discovery", "traced-retries"])
+def test_each_kind_of_block_is_traced_once_whatever_the_depth(discovery, monkeypatch):
+    import ipuxl.capture.trace as trace_mod
+
+    if not discovery:  # what happens when the model cannot run on meta tensors
+        monkeypatch.setattr(trace_mod, "_discover_blocks", lambda *args: None)
+    traced_modules = []
+    real_trace = trace_mod._trace
+    monkeypatch.setattr(trace_mod, "_trace", lambda module, *a, **k: traced_modules.append(type(module).__name__)
+                        or real_trace(module, *a, **k))
     shallow, deep = _trace(Stack([MLPBlock() for _ in range(2)])), _trace(Stack([MLPBlock() for _ in range(9)]))
+    # the block alone once, the model once (plus, without discovery, one attempt stopped at the first block)
+    assert traced_modules.count("MLPBlock") == 2
+    assert traced_modules.count("Stack") == (2 if discovery else 4)
     assert [len(t.blocks) for t in (shallow, deep)] == [1, 1]
     assert sum(map(is_call_graph_node, deep.gm.graph.nodes)) == 9
     assert _aten_nodes(shallow) == _aten_nodes(deep)  # the head, its dropout and the loss only
@@ -245,3 +257,51 @@ def test_offset_seed_shifts_the_seed_modifier():
     for offset in (0, 1, 3, 1000):
         for j in (1, 2, 17):
             assert torch.equal(modify_seed_impl(offset_seed_impl(seed, offset), j), modify_seed_impl(seed, offset + j))
+
+
+class Gated(nn.Module):
+    """Keyword and non-tensor arguments, a tuple result."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(WIDTH, WIDTH)
+        self.gate = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x, *, scale: float, gate_input=None):
+        g = torch.sigmoid(self.gate(x if gate_input is None else gate_input))
+        return x + scale * g * torch.tanh(self.fc(x)), g.mean()
+
+
+def test_blocks_with_keyword_arguments_tuple_results_and_frozen_weights():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([Gated() for _ in range(4)])
+            self.head = nn.Linear(WIDTH, 3)
+
+        def forward(self, x, y):
+            gates = []
+            first = x
+            for i, block in enumerate(self.blocks):
+                x, g = block(x, scale=0.5 if i % 2 else 0.25, gate_input=first)
+                gates.append(g)
+            out = self.head(x)
+            return out, F.cross_entropy(out, y) + 0.1 * torch.stack(gates).sum()
+
+    torch.manual_seed(4)
+    net = Net()
+    net.blocks[1].fc.weight.requires_grad_(False)  # a frozen weight inside one block
+    # two static scales: two kinds of call of the same block structure
+    assert len(_trace(net).blocks) == 2
+    ref = copy.deepcopy(net)
+    model = ipuxl.trainingModel(net, ipuxl.Options().deviceIterations(2),
+                                optimizer=torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.1))
+    ref_opt = torch.optim.SGD([p for p in ref.parameters() if p.requires_grad], lr=0.1)
+    x, y = _data(2 * BATCH, 8)
+    model(x, y)
+    for xs, ys in zip(x.split(BATCH), y.split(BATCH)):
+        ref_opt.zero_grad()
+        ref(xs, ys)[1].backward()
+        ref_opt.step()
+    for p, q in zip(net.parameters(), ref.parameters()):
+        assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
