@@ -44,15 +44,15 @@ from ipuxl.ir.context import user_source_line
 from ipuxl.ir.fx_import import copy_fx_body
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.lower import CallTarget, RepeatTarget, compiled_callee, graph_callable, lower_graph
-from ipuxl.ir.tensor import Tensor
+from ipuxl.ir.tensor import Tensor, TensorSpec
 
 __all__ = ["differentiate"]
 
 FWD_TAG, BWD_TAG = "is_forward", "is_backward"
 
 
-def differentiate(graph: Graph, grads_provided: Sequence[Tensor] | None,
-                  grads_required: Sequence[Tensor] | None) -> tuple[Graph, list[tuple[Tensor, str]], list[Tensor]]:
+def differentiate(graph: Graph, grads_provided: Sequence[Tensor] | None, grads_required: Sequence[Tensor] | None,
+                  *, check_paths: bool = True) -> tuple[Graph, list[tuple[Tensor, str]], list[Tensor]]:
     """Differentiate ``graph`` (see the module docstring).
 
     Returns:
@@ -62,9 +62,14 @@ def differentiate(graph: Graph, grads_provided: Sequence[Tensor] | None,
     """
     provided, required = _select(graph, grads_provided, grads_required)
     callees = _CalledGraphs(graph)  # holds the call entries until the trace is imported
+    explicit = grads_required is not None and check_paths
+    by_units = _differentiate_units(graph, provided, required, explicit, callees)
+    if by_units is not None:
+        graph._ipuxl_grad = by_units
+        return by_units
     joint = _trace_joint(graph, provided, required, callees)
     n_fwd = len(graph.outputs)
-    _check_paths(graph, joint, n_fwd, required, grads_required is not None)
+    _check_paths(graph, joint, n_fwd, required, explicit)
     _tag_forward(joint, n_fwd)
     fw, bw = default_partition(joint, None, num_fwd_outputs=n_fwd)
     saved = _rewrite_forward(graph, fw, n_fwd)
@@ -197,6 +202,232 @@ def _require_member(t: Tensor, members: Sequence[Tensor], graph: Graph, arg: str
         raise AutodiffError(f"autodiff of graph '{graph.name}': {arg} contains '{getattr(t, 'name', t)}', "
                             f"which is not {what} of the graph", where=user_source_line(),
                             fix=f"pass tensors from graph.{'outputs' if what == 'an output' else 'inputs'}")
+
+
+# -- graphs made of calls: differentiate unit by unit -------------------------------------------
+MIN_CALL_UNITS = 2  # fewer calls: the joint trace below is as cheap
+MAX_OP_SEGMENTS = 8  # each run of ops between calls is traced on its own
+
+
+def _differentiate_units(graph: Graph, provided: list[Tensor], required: list[Tensor], explicit: bool,
+                         callees: _CalledGraphs) -> tuple | None:
+    """Differentiate a graph that calls shared graphs without tracing through the calls.
+
+    The graph is cut, in program order, into units: each call of a differentiable
+    callee, and each run of other ops between them (a segment, moved into a graph of
+    its own and differentiated with the joint trace below). The forward becomes a
+    sequence of calls; the grad graph is built at the IR level, units in reverse:
+    each unit's grad graph is called with the gradients of its outputs (summed over
+    their readers) and the forward tensors it saved. A joint trace would cost a few
+    tensor operations per tensor crossing a call, for every call; this costs one IR
+    call per unit. Returns None (use the joint trace) for graphs with in-place ops,
+    fewer than ``MIN_CALL_UNITS`` such calls or more than ``MAX_OP_SEGMENTS`` segments.
+    """
+    nodes = list(graph.fx.nodes)
+    if any(n.meta.get("ipuxl_writes") or "ipuxl_modifies" in n.meta for n in nodes):
+        return None
+
+    def is_unit_call(node: fx.Node) -> bool:
+        return (node.op == "call_function" and isinstance(node.target, CallTarget)
+                and not isinstance(node.target, RepeatTarget) and not node.meta.get("ipuxl_by_ref_args")
+                and callees.entry(node.target.graph) is not None)
+
+    units: list[tuple[str, Any]] = []
+    segment: list[fx.Node] = []
+    for node in nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem and is_unit_call(node.args[0]):
+            continue
+        if is_unit_call(node):
+            if segment:
+                units.append(("ops", segment))
+                segment = []
+            units.append(("call", node))
+        else:
+            segment.append(node)
+    if segment:
+        units.append(("ops", segment))
+    if (sum(kind == "call" for kind, _ in units) < MIN_CALL_UNITS
+            or sum(kind == "ops" for kind, _ in units) > MAX_OP_SEGMENTS):
+        return None
+    # what the gradients flow through: from the required inputs, to the provided outputs
+    needs_grad = {t.node for t in required}
+    for node in nodes:
+        if node not in needs_grad and any(a in needs_grad for a in node.all_input_nodes):
+            needs_grad.add(node)
+    feeds_output: set[fx.Node] = set()
+    stack = [t.node for t in provided]
+    while stack:
+        node = stack.pop()
+        if node not in feeds_output:
+            feeds_output.add(node)
+            stack.extend(node.all_input_nodes)
+    on_path = needs_grad & feeds_output
+    infos = _rebuild_as_calls(graph, units, on_path)
+    return _grad_by_units(graph, infos, provided, required, explicit)
+
+
+def _rebuild_as_calls(graph: Graph, units: list[tuple[str, Any]], on_path: set[fx.Node]) -> list[Any]:
+    """Replace ``graph``'s body by one call per unit (segments become graphs); return the
+    call sites, in program order."""
+    from ipuxl.ops.call import call_with_info  # ops depend on the IR; import late
+
+    returned = {t.node for t in graph.outputs}
+    plans = []
+    for kind, unit in units:
+        if kind == "ops":
+            plans.append(("ops", _segment_graph(graph, unit, returned, on_path)))
+        else:
+            plans.append(("call", unit))
+    old_outputs = list(graph.outputs)
+    old_fx, new = graph.fx, fx.Graph()
+    env: dict[fx.Node, Tensor] = {}
+    handles: dict[fx.Node, Tensor] = {}
+    for node in old_fx.nodes:
+        if node.op == "placeholder":
+            fresh = new.placeholder(node.target)
+            fresh.meta.update(node.meta)
+            handle = graph._handles[node]
+            handle._node = fresh
+            handles[fresh] = handle
+            env[node] = handle
+    graph.fx, graph._handles = new, handles
+
+    def value(node: fx.Node) -> Tensor:
+        if node not in env and node.op == "get_attr":  # a constant passed to a call
+            fresh = new.get_attr(node.target)
+            fresh.meta.update(node.meta)
+            env[node] = graph.wrap(fresh)
+        return env[node]
+
+    infos = []
+    with graph:
+        for kind, plan in plans:
+            if kind == "ops":
+                sub, ins, outs = plan
+                info = call_with_info(sub, *[value(n) for n in ins])
+                for node, out in zip(outs, info.outputs):
+                    env[node] = out
+            else:
+                info = call_with_info(plan.target.graph, *[value(a) for a in plan.args])
+                for user in plan.users:
+                    env[user] = info.outputs[user.args[1]]
+            infos.append(info)
+    for i, handle in enumerate(old_outputs):  # the caller's output handles stay valid
+        if handle.node.op == "placeholder" or handle.node in handles:
+            continue
+        node = value(handle.node).node
+        handle._node = node
+        graph._handles[node] = handle
+    return infos
+
+
+def _segment_graph(graph: Graph, nodes: list[fx.Node], returned: set[fx.Node],
+                   on_path: set[fx.Node]) -> tuple[Graph, list, list]:
+    """A run of ``graph``'s ops as a graph of its own, differentiated for the inputs and
+    outputs on a gradient path (``on_path``): (graph, input nodes, output nodes)."""
+    inside = set(nodes)
+    ins: list[fx.Node] = []
+    for node in nodes:
+        for a in node.all_input_nodes:
+            if a not in inside and a.op != "get_attr" and a not in ins:
+                ins.append(a)
+    outs = [n for n in nodes if n in returned or any(u not in inside for u in n.users)]
+    sub = graph.ir._new_graph(f"{graph.base_name}_ops")
+    env: dict[fx.Node, fx.Node] = {}
+    for node in ins:
+        val = node.meta["val"]
+        env[node] = sub._add_input(TensorSpec(tuple(val.shape), val.dtype),
+                                   node.meta.get("ipuxl_name", node.name)).node
+    for node in nodes:
+        for a in node.all_input_nodes:
+            if a.op == "get_attr" and a not in env:
+                env[a] = sub.fx.get_attr(a.target)
+                env[a].meta.update(a.meta)
+                sub.constants[a.target] = graph.constants[a.target]
+        copied = sub.fx.node_copy(node, lambda n: env[n])
+        view_of = node.meta.get("ipuxl_view_of")
+        if view_of is not None:
+            copied.meta["ipuxl_view_of"] = env.get(view_of, copied.all_input_nodes[0] if copied.all_input_nodes
+                                                    else None)
+        env[node] = copied
+    sub._set_outputs([sub.wrap(env[n]) for n in outs])
+    provided = [t for t, n in zip(sub.outputs, outs) if n in on_path and t.dtype.is_floating_point]
+    required = [t for t, n in zip(sub.inputs, ins) if n in on_path and t.dtype.is_floating_point]
+    if provided and required:
+        differentiate(sub, provided, required, check_paths=False)
+    return sub, ins, outs
+
+
+def _grad_by_units(graph: Graph, infos: list[Any], provided: list[Tensor], required: list[Tensor],
+                   explicit: bool) -> tuple:
+    from ipuxl.ops.call import call  # ops depend on the IR; import late
+
+    grad = graph.ir._new_graph(f"{graph.base_name}_grad")
+    sums: dict[fx.Node, Tensor] = {}  # forward node -> its gradient so far
+    saved: dict[fx.Node, Tensor] = {}  # forward node -> grad-graph input holding it
+    saved_fwd: list[Tensor] = []
+
+    def add_grad(node: fx.Node, g: Tensor) -> None:
+        sums[node] = g if node not in sums else sums[node] + g
+
+    visible = {id(t) for t in (*graph.inputs, *graph.outputs)}
+
+    def forward_value(t: Tensor) -> Tensor:
+        """The grad-graph input holding forward tensor ``t`` (made a forward output if needed)."""
+        if t.node not in saved:
+            fwd = graph.wrap(t.node)
+            if id(fwd) not in visible:
+                graph._add_output(fwd)
+                visible.add(id(fwd))
+            saved[t.node] = grad._add_input(fwd.spec, fwd.name)
+            saved_fwd.append(fwd)
+        return saved[t.node]
+
+    with grad:
+        for t in provided:
+            add_grad(t.node, grad._add_input(t.spec, f"Gradient___{t.name}"))
+        for info in reversed(infos):
+            grad_info = getattr(info.called_graph, "_ipuxl_grad", None)
+            if grad_info is None:
+                continue
+            callee_grad, expected, callee_required = grad_info
+            parents = [info.graph_to_parent(t) for t, _ in expected]
+            if not any(kind == "FwdGrad" and p.node in sums for (_, kind), p in zip(expected, parents)):
+                continue  # nothing downstream needs this unit's gradients
+            args = []
+            for (t, kind), parent in zip(expected, parents):
+                if kind == "FwdGrad":
+                    args.append(sums[parent.node] if parent.node in sums else _zeros(t))
+                else:
+                    args.append(forward_value(parent))
+            for t, g in zip(callee_required, call(callee_grad, *args)):
+                add_grad(info.graph_to_parent(t).node, g)
+        outputs = []
+        for t in required:
+            g = sums.get(t.node)
+            if g is None:
+                if explicit:
+                    raise AutodiffError(
+                        f"autodiff of graph '{graph.name}': input '{t.name}' has no differentiable path to the "
+                        "outputs in grads_provided (its gradient would always be zero)", where=user_source_line(),
+                        fix="remove it from grads_required, or check that the outputs use it")
+                g = _zeros(t)
+            if g.node.op != "placeholder":
+                g.node.meta["ipuxl_name"] = f"Gradient___{t.name}"
+            outputs.append(g)
+    grad._set_outputs(outputs)
+    expected_inputs = [(t, "FwdGrad") for t in provided] + [(t, "Fwd") for t in saved_fwd]
+    return grad, expected_inputs, required
+
+
+def _zeros(like: Tensor) -> Tensor:
+    from ipuxl.capture.builder import emit
+
+    shape, dtype = list(like.shape), like.dtype
+    return emit("zeros", torch.ops.aten.zeros.default, (shape,), {"dtype": dtype, "device": torch.device("cpu")},
+                meta_fn=lambda *a, **k: torch.empty(shape, dtype=dtype, device="meta"))
 
 
 # -- step 1: joint trace ----------------------------------------------------------------------
