@@ -172,6 +172,8 @@ def _to_node(value: Any) -> Any:
 def _to_meta(value: Any) -> Any:
     if isinstance(value, Tensor):
         meta = value.node.meta["val"]
+        if meta.is_contiguous():  # the common case; empty_like works out the memory format (slow)
+            return torch.empty(meta.shape, dtype=meta.dtype, device="meta")
         return torch.empty_like(meta, device="meta")
     return value
 

@@ -82,12 +82,17 @@ class Graph:
         return tensor
 
     def _insert_placeholder(self, name: str) -> fx.Node:
-        placeholders = [n for n in self.fx.nodes if n.op == "placeholder"]
+        placeholders = []  # they lead the graph: stop at the first op
+        for n in self.fx.nodes:
+            if n.op != "placeholder":
+                break
+            placeholders.append(n)
         # The target is the generated function's argument name: it must be unique.
         taken = {n.target for n in placeholders}
-        target, i = _identifier(name), 1
+        base = _identifier(name)
+        target, i = base, 1
         while target in taken:
-            target, i = f"{_identifier(name)}_{i}", i + 1
+            target, i = f"{base}_{i}", i + 1
         anchor = placeholders[-1].next if placeholders else next(iter(self.fx.nodes), None)
         if anchor is None or anchor.op == "root":
             return self.fx.placeholder(target)

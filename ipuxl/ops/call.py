@@ -59,7 +59,7 @@ class CallSiteInfo:
         item = self._parent.fx.create_node("call_function", operator.getitem, (self._node, i), {},
                                            name=f"{self._node.name}_out{i}")
         out = self._graph.outputs[i]
-        item.meta["val"] = torch.empty_like(out.node.meta["val"], device="meta")
+        item.meta["val"] = _meta_copy(out.node.meta["val"])
         item.meta["ipuxl_name"] = out.name
         item.meta["ipuxl_op"] = "output_of"
         return self._parent.wrap(item)
@@ -158,7 +158,7 @@ def repeat_with_info(graph: Graph, repeat_count: int, *inputs: Any,
 def _emit_call(op_name: str, target: CallTarget, parent: Graph, graph: Graph,
                connected: list[Tensor]) -> CallSiteInfo:
     handle = emit(op_name, target, connected, name=f"{op_name}_{graph.name}",
-                  meta_fn=lambda *a: tuple(torch.empty_like(o.node.meta["val"]) for o in graph.outputs))
+                  meta_fn=lambda *a: tuple(_meta_copy(o.node.meta["val"]) for o in graph.outputs))
     node = handle.node
     node.meta["ipuxl_called_graph"] = graph
     info = CallSiteInfo(node, graph, parent, connected)
@@ -166,6 +166,13 @@ def _emit_call(op_name: str, target: CallTarget, parent: Graph, graph: Graph,
         if t.node.meta.get("ipuxl_by_ref"):
             _mark_by_ref(node, i, connected[i])
     return info
+
+
+def _meta_copy(value: torch.Tensor) -> torch.Tensor:
+    """A meta tensor like ``value`` (``empty_like`` works out the memory format: slow)."""
+    if value.is_contiguous():
+        return torch.empty(value.shape, dtype=value.dtype, device="meta")
+    return torch.empty_like(value, device="meta")
 
 
 def _connect_inputs(parent: Graph, graph: Graph, inputs: Iterable[Any],
