@@ -17,16 +17,24 @@ Algorithm:
 5. Build the grad IR graph: inputs are the gradients of ``grads_provided`` (in
    order) then the activations; outputs are the gradients of ``grads_required``.
 
-Called graphs stay called. Before the joint trace, each graph that ``graph`` calls
-(``ops.call``) is differentiated once, recursively and in place as PopXL does (it
-gains outputs for its saved activations and gets its own grad graph), and every
-call of it is traced as one ``ipuxl::call_graph`` node whose backward calls that
-grad graph (``ir.call_op.CallGraphFunction``). So a callee called N times costs one
-differentiation plus N call nodes, and the forward and grad graphs call shared
-graphs instead of holding N copies of their ops. Callees that cannot be handled so
-are traced through (inlined) as before: loop bodies (``ops.repeat``), graphs that
-modify an input in place, graphs with host transfers, graphs already differentiated
-by an earlier ``autodiff``, and graphs without a floating-point input and output.
+Called graphs stay called. Each graph that ``graph`` calls (``ops.call``) is
+differentiated once, recursively and in place as PopXL does (it gains outputs for
+its saved activations and gets its own grad graph); the grad graph then calls that
+grad graph once per forward call, so a callee called N times costs one
+differentiation, and no graph holds N copies of its ops. Two ways:
+
+* a graph with at least ``MIN_CALL_UNITS`` such calls and no in-place ops is
+  differentiated unit by unit at the IR level (``_differentiate_units``): the runs
+  of ops between calls become graphs of their own, differentiated with steps 1-5,
+  and the grad graph is built by calling each unit's grad graph in reverse order,
+  summing gradients where a tensor has several readers. Nothing traces the calls;
+* otherwise, in the joint trace, every call is one ``ipuxl::call_graph`` node whose
+  backward calls the callee's grad graph (``ir.call_op.CallGraphFunction``).
+
+Callees that cannot be handled so are traced through (inlined) as before: loop
+bodies (``ops.repeat``), graphs that modify an input in place, graphs with host
+transfers, graphs already differentiated by an earlier ``autodiff``, and graphs
+without a floating-point input and output.
 """
 from __future__ import annotations
 
@@ -264,11 +272,12 @@ def _differentiate_units(graph: Graph, provided: list[Tensor], required: list[Te
             feeds_output.add(node)
             stack.extend(node.all_input_nodes)
     on_path = needs_grad & feeds_output
-    infos = _rebuild_as_calls(graph, units, on_path)
+    infos = _rebuild_as_calls(graph, units, on_path, {t.node for t in provided})
     return _grad_by_units(graph, infos, provided, required, explicit)
 
 
-def _rebuild_as_calls(graph: Graph, units: list[tuple[str, Any]], on_path: set[fx.Node]) -> list[Any]:
+def _rebuild_as_calls(graph: Graph, units: list[tuple[str, Any]], on_path: set[fx.Node],
+                      provided: set[fx.Node]) -> list[Any]:
     """Replace ``graph``'s body by one call per unit (segments become graphs); return the
     call sites, in program order."""
     from ipuxl.ops.call import call_with_info  # ops depend on the IR; import late
@@ -277,7 +286,7 @@ def _rebuild_as_calls(graph: Graph, units: list[tuple[str, Any]], on_path: set[f
     plans = []
     for kind, unit in units:
         if kind == "ops":
-            plans.append(("ops", _segment_graph(graph, unit, returned, on_path)))
+            plans.append(("ops", _segment_graph(graph, unit, returned, on_path, provided)))
         else:
             plans.append(("call", unit))
     old_outputs = list(graph.outputs)
@@ -323,10 +332,11 @@ def _rebuild_as_calls(graph: Graph, units: list[tuple[str, Any]], on_path: set[f
     return infos
 
 
-def _segment_graph(graph: Graph, nodes: list[fx.Node], returned: set[fx.Node],
-                   on_path: set[fx.Node]) -> tuple[Graph, list, list]:
-    """A run of ``graph``'s ops as a graph of its own, differentiated for the inputs and
-    outputs on a gradient path (``on_path``): (graph, input nodes, output nodes)."""
+def _segment_graph(graph: Graph, nodes: list[fx.Node], returned: set[fx.Node], on_path: set[fx.Node],
+                   provided_nodes: set[fx.Node]) -> tuple[Graph, list, list]:
+    """A run of ``graph``'s ops as a graph of its own, differentiated for the inputs on a
+    gradient path (``on_path``) and the outputs a gradient comes back to (provided
+    outputs of ``graph``, or read on the path after the run): (graph, input nodes, output nodes)."""
     inside = set(nodes)
     ins: list[fx.Node] = []
     for node in nodes:
@@ -353,7 +363,8 @@ def _segment_graph(graph: Graph, nodes: list[fx.Node], returned: set[fx.Node],
                                                     else None)
         env[node] = copied
     sub._set_outputs([sub.wrap(env[n]) for n in outs])
-    provided = [t for t, n in zip(sub.outputs, outs) if n in on_path and t.dtype.is_floating_point]
+    provided = [t for t, n in zip(sub.outputs, outs) if t.dtype.is_floating_point and (
+        n in provided_nodes or (n in on_path and any(u not in inside and u in on_path for u in n.users)))]
     required = [t for t, n in zip(sub.inputs, ins) if n in on_path and t.dtype.is_floating_point]
     if provided and required:
         differentiate(sub, provided, required, check_paths=False)

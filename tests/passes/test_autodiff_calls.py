@@ -117,3 +117,71 @@ def test_loop_body_is_traced_through():
         assert_close(torch.from_numpy(results[s]), r)
     assert len(body.outputs) == 1  # a loop body is not rewritten
     assert not any(isinstance(n.target, RepeatTarget) for n in fwd.fx.nodes)
+
+
+def _mixed_ipuxl(block, x, w, b):
+    h0 = x * 2.0
+    h1, = ops.call(block, h0, w, b)
+    s = h1 + ops.tanh(x)
+    h2, = ops.call(block, s, w, b)
+    h3, = ops.call(block, h2 * h1, w, b)  # h1 read by two later units: its gradients are summed
+    return h3 * 0.5 + h1, ops.reduce_sum(h2)
+
+
+def _mixed_torch(x, w, b):
+    h0 = x * 2.0
+    h1 = _block_torch(h0, w, b)
+    h2 = _block_torch(h1 + torch.tanh(x), w, b)
+    h3 = _block_torch(h2 * h1, w, b)
+    return h3 * 0.5 + h1, h2.sum()
+
+
+def test_ops_between_calls_fan_out_and_several_outputs():
+    rng = np.random.default_rng(4)
+    x, w, b = rng.standard_normal((3, 6)), rng.standard_normal((6, 6)) * 0.3, rng.standard_normal(6) * 0.1
+    dy0, dy1 = rng.standard_normal((3, 6)), rng.standard_normal(())
+    ir = ipuxl.Ir()
+    with ir.main_graph:
+        xs = ipuxl.h2d_stream(x.shape, F64, "x")
+        loaded = ops.host_load(xs)
+        wv, bv = ipuxl.variable(w, F64, name="w"), ipuxl.variable(b, F64, name="b")
+        block = ir.create_graph(_block, loaded, wv, bv)
+        fwd = ir.create_graph(lambda x, w, b: _mixed_ipuxl(block, x, w, b), loaded, wv, bv)
+        call_info = ops.call_with_info(fwd, loaded, wv, bv)
+        info = transforms.autodiff(fwd, grads_required=[fwd.inputs[0], fwd.inputs[1]])  # not b
+        grads = ops.call(info.graph, ipuxl.constant(dy0, F64), ipuxl.constant(dy1, F64),
+                         inputs_dict=info.inputs_dict(call_info))
+        streams = [ipuxl.d2h_stream(g.shape, g.dtype, f"g{i}") for i, g in enumerate(grads)]
+        for s, g in zip(streams, grads):
+            ops.host_store(s, g)
+    with ipuxl.Session(ir, "cpu") as session:
+        results = session.run({xs: x})
+    xt, wt, bt = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    y0, y1 = _mixed_torch(xt, wt, bt)
+    ref = torch.autograd.grad([y0, y1], [xt, wt], [torch.tensor(dy0), torch.tensor(dy1)])
+    assert len(streams) == 2
+    for s, r in zip(streams, ref):
+        assert_close(torch.from_numpy(results[s]), r)
+    assert _calls(fwd).count(block) == 3
+    assert _aten_ops(fwd) == 0  # the ops between the calls moved into graphs of their own, called once
+
+
+def test_an_explicit_gradient_without_a_path_is_refused_between_calls():
+    import pytest
+    from ipuxl.errors import AutodiffError
+
+    ir = ipuxl.Ir()
+    with ir.main_graph:
+        x = ipuxl.variable(np.ones((2, 6)), F64, name="x")
+        w, b = ipuxl.variable(np.eye(6), F64, name="w"), ipuxl.variable(np.zeros(6), F64, name="b")
+        unused = ipuxl.variable(np.ones(6), F64, name="unused")
+        block = ir.create_graph(_block, x, w, b)
+
+        def net(x, w, b, unused):
+            h, = ops.call(block, x, w, b)
+            h, = ops.call(block, h, w, b)
+            return h, unused * 2.0
+
+        fwd = ir.create_graph(net, x, w, b, unused)
+        with pytest.raises(AutodiffError, match="no differentiable path"):
+            transforms.autodiff(fwd, grads_provided=[fwd.outputs[0]], grads_required=[fwd.inputs[3]])
