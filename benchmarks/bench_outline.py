@@ -14,8 +14,8 @@ Phases, timed by wrapping the executor's steps (median of ``--repeats`` fresh mo
 
 * capture: ``trace_module`` (make_fx of forward + loss; with outlining each kind of
   block is traced once and its other runs are recorded as calls);
-* passes: ``build_program`` (autodiff, which differentiates a called block once, and
-  the step program);
+* passes: ``build_program`` (autodiff, which differentiates a called block once and
+  builds the grad graph from calls at the IR level, and the step program);
 * outline: ``passes.outline.outline_ir`` (when on: what capture did not outline, such
   as the optimiser's per-weight updates);
 * compile: ``Session(...)`` (lowering every graph to Python code once, the resource check);
