@@ -371,7 +371,7 @@ def _structure(module: torch.nn.Module, memo: dict[torch.nn.Module, Any]) -> Any
         return None
     attrs = [(key, _attr_key(value)) for key, value in vars(module).items()
              if key not in _MODULE_INTERNALS and not key.startswith("_ipuxl")]
-    state = tuple((kind, name, None if t is None else (tuple(t.shape), t.dtype, t.requires_grad))
+    state = tuple((kind, name, None if t is None else (tuple(t.shape), t.dtype))
                   for kind, members in (("p", module._parameters), ("b", module._buffers))
                   for name, t in members.items())
     children = []

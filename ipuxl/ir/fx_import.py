@@ -49,8 +49,8 @@ def _import_call(node: fx.Node, new: fx.Graph, env: dict[fx.Node, fx.Node], ir: 
     """An IR call of the graph behind an ``ipuxl::call_graph`` node."""
     key, args = node.args
     graph = call_entry(key).graph
-    call = new.create_node("call_function", CallTarget(graph), tuple(env[a] for a in args), {},
-                           name=CallTarget(graph).__name__)
+    target = CallTarget(graph)
+    call = new.create_node("call_function", target, tuple(env[a] for a in args), {}, name=target.__name__)
     call.meta.update(val=to_meta(tuple(node.meta["val"])), ipuxl_op="call", ipuxl_called_graph=graph,
                      ipuxl_op_id=ir._next_op_id())
     return call

@@ -19,6 +19,10 @@ Conventions:
   subgraph): the rules never create variables. Every state starts at zero;
   :func:`state_specs` says which states a rule needs and their shapes and dtypes.
   ``step`` is a float32 scalar counting the updates done, incremented in place.
+* A rule's ops are built ``in_sequence`` (its reads of a state come before the state's
+  in-place update). AdamW's decoupled decay scales the weight before anything reads
+  the gradient, so a caller that reads the weight elsewhere orders the rule after
+  those reads (``in_sequence``, as ``trainingModel`` and the optimiser modules do).
 * Arithmetic runs in the dtype torch would use, ``promote(weight, grad)``; a state
   of another dtype (e.g. a float16 ``first_order`` for float32 weights) is read
   into that dtype and rounded to its own dtype when stored.
@@ -34,7 +38,7 @@ import torch
 from ipuxl.capture.graph_builder import constant
 from ipuxl.dtypes import dtype_name, from_any, to_numpy_dtype
 from ipuxl.errors import InvalidArgumentError
-from ipuxl.ir.context import user_source_line
+from ipuxl.ir.context import in_sequence, user_source_line
 from ipuxl.ir.tensor import Tensor
 from ipuxl.ops import var_updates
 from ipuxl.ops.elementwise import add_, equal, maximum, scaled_add, scaled_add_, sqrt, where
@@ -47,6 +51,7 @@ Hyper = float | Tensor
 
 
 # -- rules -------------------------------------------------------------------------
+@in_sequence()
 def sgd_(weight: Tensor, grad: Tensor, *, lr: Hyper, momentum: Hyper = 0.0, dampening: Hyper = 0.0,
          nesterov: bool = False, weight_decay: Hyper = 0.0, momentum_buffer: Tensor | None = None,
          step: Tensor | None = None) -> None:
@@ -98,6 +103,7 @@ def sgd_(weight: Tensor, grad: Tensor, *, lr: Hyper, momentum: Hyper = 0.0, damp
     scaled_add_(weight, d_p, b=_negated(lr))
 
 
+@in_sequence()
 def adam_(weight: Tensor, grad: Tensor, first_order: Tensor, second_order: Tensor, step: Tensor | None = None,
           *, lr: Hyper, beta1: Hyper = 0.9, beta2: Hyper = 0.999, eps: Hyper = 1e-8, weight_decay: Hyper = 0.0,
           decoupled_weight_decay: bool = False, bias_correction: bool = True, amsgrad: bool = False,
@@ -151,6 +157,7 @@ def adam_(weight: Tensor, grad: Tensor, first_order: Tensor, second_order: Tenso
     scaled_add_(weight, update, b=_negated(lr))
 
 
+@in_sequence()
 def lamb_(weight: Tensor, grad: Tensor, first_order: Tensor, second_order: Tensor, step: Tensor | None = None,
           *, lr: Hyper, beta1: Hyper = 0.9, beta2: Hyper = 0.999, eps: Hyper = 1e-6, weight_decay: Hyper = 0.0,
           bias_correction: bool = True, max_weight_norm: Hyper | None = None) -> None:
@@ -187,6 +194,7 @@ def lamb_(weight: Tensor, grad: Tensor, first_order: Tensor, second_order: Tenso
                                 learning_rate=lr, max_weight_norm=max_weight_norm)
 
 
+@in_sequence()
 def rmsprop_(weight: Tensor, grad: Tensor, square_avg: Tensor, *, lr: Hyper, alpha: Hyper = 0.99,
              eps: Hyper = 1e-8, weight_decay: Hyper = 0.0, momentum: Hyper = 0.0, centered: bool = False,
              momentum_buffer: Tensor | None = None, grad_avg: Tensor | None = None) -> None:

@@ -39,6 +39,7 @@ import torch.fx as fx
 from ipuxl.capture.graph_builder import constant, variable
 from ipuxl.capture.trace import SEED_DTYPE, TracedModule, graph_from_trace
 from ipuxl.dtypes import to_numpy_dtype
+from ipuxl.ir.context import in_sequence
 from ipuxl.ir.ir import Ir
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream, d2h_stream, h2d_stream
 from ipuxl.ir.tensor import Tensor, Variable
@@ -109,7 +110,9 @@ def build_program(traced: TracedModule, *, training: bool, device_iterations: in
     g_count = micro_batches
     program = Program(ir, traced, training, g_count, [], [], {}, {}, trained=trained,
                       structure=optimizer_structure(plans), replication=replication)
-    with ir.main_graph:
+    # The step is a program: its ops run in the order built (in-place updates of the
+    # weights, buffers and seed come after every read of them; verify_inplace_order holds).
+    with ir.main_graph, in_sequence():
         state_inputs = fwd.inputs[n_in:n_in + n_params + len(traced.buffers)]
         for name, graph_input in zip(traced.params + traced.buffers, state_inputs):
             dict_ = program.params if name in param_inputs else program.buffers

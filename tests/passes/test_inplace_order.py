@@ -253,3 +253,33 @@ def test_program_order_still_decides_results():
     ir, y_stream = _read_then_update()
     with ipuxl.Session(ir) as session:
         np.testing.assert_array_equal(session.run()[y_stream], torch.full((3,), 6.0).numpy())
+
+
+@pytest.mark.parametrize("optimizer", ["sgd-momentum", "adamw"])
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_poptorch_training_programs_have_no_ambiguous_read(optimizer, accumulation):
+    """A trainingModel's step (dropout seed update, BatchNorm buffer updates per
+    micro-batch, decoupled weight decay) is built in sequence: every in-place update of a
+    weight, buffer or the seed is ordered after the reads of it."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.bn, self.head = nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)
+
+        def forward(self, x, y):
+            out = self.head(F.dropout(self.bn(self.fc(x)), 0.2, self.training))
+            return out, F.cross_entropy(out, y)
+
+    net = Net()
+    make = {"sgd-momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+            "adamw": lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1)}[optimizer]
+    opts = ipuxl.Options()
+    opts.Training.gradientAccumulation(accumulation)
+    model = ipuxl.trainingModel(net, opts, optimizer=make(net.parameters()))
+    model(torch.randn(4 * accumulation, 8), torch.randint(0, 3, (4 * accumulation,)))
+    for graph in model._session.ir.graphs:
+        assert ambiguous_pairs(graph) == [], graph.name
+    verify_inplace_order(model._session.ir)
