@@ -305,3 +305,40 @@ def test_blocks_with_keyword_arguments_tuple_results_and_frozen_weights():
         ref_opt.step()
     for p, q in zip(net.parameters(), ref.parameters()):
         assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_transformer_encoder_layers_share_one_graph_and_train_like_eager():
+    """torch's own TransformerEncoderLayer (attention dropout off: its SDPA dropout is not
+    one ipuxl can seed), three layers: one layer graph, one grad graph."""
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([nn.TransformerEncoderLayer(WIDTH, 2, 2 * WIDTH, dropout=0.0, batch_first=True)
+                                         for _ in range(3)])
+            self.head = nn.Linear(WIDTH, 3)
+
+        def forward(self, x, y):
+            for layer in self.layers:
+                x = layer(x)
+            out = self.head(x.mean(1))
+            return out, F.cross_entropy(out, y)
+
+    torch.manual_seed(5)
+    net = Encoder()
+    ref = copy.deepcopy(net)
+    model = ipuxl.trainingModel(net, ipuxl.Options().deviceIterations(2),
+                                optimizer=torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.randn(2 * BATCH, 5, WIDTH, generator=g), torch.randint(0, 3, (2 * BATCH,), generator=g)
+    _, loss = model(x, y)
+    for xs, ys in zip(x.split(BATCH), y.split(BATCH)):
+        ref_opt.zero_grad()
+        _, ref_loss = ref(xs, ys)
+        ref_loss.backward()
+        ref_opt.step()
+    assert_close(loss, ref_loss.detach(), rtol=1e-5, atol=1e-6)
+    for p, q in zip(net.parameters(), ref.parameters()):
+        assert_close(p.detach(), q.detach(), rtol=1e-4, atol=1e-6)
+    assert _calls(_graph(model, "Encoder"), "TransformerEncoderLayer") == 3
+    assert _calls(_graph(model, "Encoder_grad"), "TransformerEncoderLayer_grad") == 3
