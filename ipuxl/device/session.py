@@ -24,7 +24,7 @@ from ipuxl.errors import (
     DetachedError, DeviceError, InvalidArgumentError, IpuxlError, ReplicationError, ShapeMismatchError,
     StreamInputError,
 )
-from ipuxl.ir.graph import Graph
+from ipuxl.ir.graph import Graph, _identifier
 from ipuxl.ir.ir import Ir, VariableRecord
 from ipuxl.device.replicas import Communicator, ensure_process_group, run_replicas
 from ipuxl.device.dce import eliminate_dead_code
@@ -32,7 +32,7 @@ from ipuxl.device.resources import check_fits
 from ipuxl.device.fuse import (
     call_random_ops_directly, fuse_adam_steps, fuse_adam_updates, fuse_matmul_updates, select_kernels,
 )
-from ipuxl.ir.lower import CallTarget, compiled_callee, lower_graph
+from ipuxl.ir.lower import CallTarget, compiled_callee, lower_to_fx
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream
 from ipuxl.ir.tensor import Constant, Tensor, Variable
 from ipuxl.passes.replicate import plan_replicas
@@ -99,12 +99,12 @@ class Session:
     # -- compilation ---------------------------------------------------------------
     def _compile(self, graph: Graph, attrs: dict[str, torch.Tensor] | None = None) -> torch.fx.GraphModule:
         """Lower ``graph`` (inlining graphs with one call site), drop dead code, fuse updates."""
-        module = lower_graph(graph, self._compile_callee, attrs, inline=lambda g: self._call_sites[g] == 1)
-        changed = [eliminate_dead_code(module.graph), fuse_matmul_updates(module.graph),
-                   fuse_adam_steps(module.graph), fuse_adam_updates(module.graph),
-                   call_random_ops_directly(module.graph), select_kernels(module.graph)]
-        if any(changed):
-            module.recompile()
+        root, code = lower_to_fx(graph, self._compile_callee, attrs, inline=lambda g: self._call_sites[g] == 1)
+        for rewrite in (eliminate_dead_code, fuse_matmul_updates, fuse_adam_steps, fuse_adam_updates,
+                        call_random_ops_directly, select_kernels):
+            rewrite(code)
+        # the Python code is generated once, after the rewrites
+        module = torch.fx.GraphModule(root, code, class_name=_identifier(f"ipuxl_{graph.name}"))
         return module.to(self.device)
 
     def _replica_program(self, variables: dict[str, torch.Tensor]) -> torch.fx.GraphModule:

@@ -29,7 +29,7 @@ from ipuxl.ir.graph import _identifier
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
 
-__all__ = ["CallTarget", "RepeatTarget", "lower_graph", "graph_callable", "compiled_callee"]
+__all__ = ["CallTarget", "RepeatTarget", "lower_graph", "lower_to_fx", "graph_callable", "compiled_callee"]
 
 CalleeFn = Callable[["Graph"], Callable[..., Any]]
 
@@ -94,12 +94,21 @@ def lower_graph(graph: "Graph", callee_fn: CalleeFn, attrs: dict[str, torch.Tens
         inline: graphs for which this returns True are copied into the caller instead
             of called (the device inlines graphs with a single call site).
     """
+    root, new = lower_to_fx(graph, callee_fn, attrs, inline=inline)
+    return fx.GraphModule(root, new, class_name=_identifier(f"ipuxl_{graph.name}"))
+
+
+def lower_to_fx(graph: "Graph", callee_fn: CalleeFn, attrs: dict[str, torch.Tensor] | None = None,
+                *, inline: Callable[["Graph"], bool] | None = None) -> tuple[torch.nn.Module, fx.Graph]:
+    """``lower_graph`` before code generation: the module holding the attributes and the
+    fx graph, for passes that rewrite it before it becomes a GraphModule (code is then
+    generated once)."""
     new = fx.Graph()
     root = torch.nn.Module()
     values = dict(graph.constants, **(attrs or {}))
     outputs = _copy_graph(new, root, graph, {}, values, callee_fn, inline, prefix="")
     new.output(tuple(outputs))
-    return fx.GraphModule(root, new, class_name=_identifier(f"ipuxl_{graph.name}"))
+    return root, new
 
 
 def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[fx.Node, fx.Node],
