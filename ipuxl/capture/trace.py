@@ -11,9 +11,10 @@ inputs)`` under ``torch.func.functionalize``, so
   outputs* holding the new values, which the caller writes back to the variables.
 
 Randomness is made a pure function of a seed input, as in PopXL: ``F.dropout``
-(and ``dropout1d/2d/3d``) is replaced while tracing by a mask from the seeded
-``ipuxl::dropout_mask`` op, the k-th dropout of the module getting seed
-``modify_seed(seed, k)``. Other random ops are refused (they would draw from
+(and ``dropout1d/2d/3d``, and the attention dropout of
+``F.scaled_dot_product_attention``, which then runs as its math) is replaced while
+tracing by a mask from the seeded ``ipuxl::dropout_mask`` op, the k-th dropout of
+the module getting seed ``modify_seed(seed, k)``. Other random ops are refused (they would draw from
 torch's global generator and not be reproducible under ``Options.randomSeed``).
 
 The loss is found as PopTorch finds it: the output produced by a torch loss
@@ -179,10 +180,42 @@ class _CaptureMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _DROPOUTS:
             return self._dropout(func, args, kwargs)
+        if func is F.scaled_dot_product_attention:
+            return self._attention(func, args, kwargs)
+        if func is F.multi_head_attention_forward:  # its attention dropout is a nested call: route it here
+            sdpa = F.scaled_dot_product_attention
+            F.scaled_dot_product_attention = lambda *a, **k: self._attention(sdpa, a, k)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                F.scaled_dot_product_attention = sdpa
         out = func(*args, **kwargs)
         if func in _LOSS_FUNCTIONS:
             self.losses.append(out)
         return out
+
+    def _attention(self, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
+        """``F.scaled_dot_product_attention`` with dropout: its math, with the mask drawn by
+        ``_dropout`` (seeded) instead of the fused kernel's own generator."""
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+        a = dict(zip(names, (None, None, None, None, 0.0, False, None, False)))
+        a.update(zip(names, args))
+        a.update(kwargs)
+        if not a["dropout_p"]:
+            return func(*args, **kwargs)
+        q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
+        if a["enable_gqa"] and k.size(-3) != q.size(-3):
+            k = k.repeat_interleave(q.size(-3) // k.size(-3), dim=-3)
+            v = v.repeat_interleave(q.size(-3) // v.size(-3), dim=-3)
+        scale = a["scale"] if a["scale"] is not None else q.size(-1) ** -0.5
+        weights = (q @ k.transpose(-2, -1)) * scale
+        if a["is_causal"]:
+            causal = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+            weights = weights.masked_fill(~causal, float("-inf"))
+        if mask is not None:
+            weights = weights.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else weights + mask
+        weights = self._dropout(F.dropout, (torch.softmax(weights, dim=-1), float(a["dropout_p"])), {"training": True})
+        return weights @ v
 
     def _dropout(self, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
         bound = inspect.signature(func).bind(*args, **kwargs)

@@ -240,25 +240,6 @@ def _differentiate_units(graph: Graph, provided: list[Tensor], required: list[Te
                 and not isinstance(node.target, RepeatTarget) and not node.meta.get("ipuxl_by_ref_args")
                 and callees.entry(node.target.graph) is not None)
 
-    units: list[tuple[str, Any]] = []
-    segment: list[fx.Node] = []
-    for node in nodes:
-        if node.op != "call_function":
-            continue
-        if node.target is operator.getitem and is_unit_call(node.args[0]):
-            continue
-        if is_unit_call(node):
-            if segment:
-                units.append(("ops", segment))
-                segment = []
-            units.append(("call", node))
-        else:
-            segment.append(node)
-    if segment:
-        units.append(("ops", segment))
-    if (sum(kind == "call" for kind, _ in units) < MIN_CALL_UNITS
-            or sum(kind == "ops" for kind, _ in units) > MAX_OP_SEGMENTS):
-        return None
     # what the gradients flow through: from the required inputs, to the provided outputs
     needs_grad = {t.node for t in required}
     for node in nodes:
@@ -272,6 +253,41 @@ def _differentiate_units(graph: Graph, provided: list[Tensor], required: list[Te
             feeds_output.add(node)
             stack.extend(node.all_input_nodes)
     on_path = needs_grad & feeds_output
+    # Units in program order. Ops off the gradient path (seeds, masks, metrics) stay in the
+    # forward as they are, moved ahead of an open run when they do not read it (all ops
+    # here are pure), so that they do not split runs.
+    units: list[tuple[str, Any]] = []
+    segment: list[fx.Node] = []
+    in_segment: set[fx.Node] = set()
+    hoisted: list[fx.Node] = []
+
+    def close() -> None:
+        units.extend(("free", n) for n in hoisted)
+        if segment:
+            units.append(("ops", list(segment)))
+        hoisted.clear()
+        segment.clear()
+        in_segment.clear()
+
+    for node in nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem and is_unit_call(node.args[0]):
+            continue
+        if is_unit_call(node):
+            close()
+            units.append(("call", node))
+        elif node in on_path or any(a in in_segment for a in node.all_input_nodes):
+            segment.append(node)
+            in_segment.add(node)
+        elif segment:
+            hoisted.append(node)
+        else:
+            units.append(("free", node))
+    close()
+    if (sum(kind == "call" for kind, _ in units) < MIN_CALL_UNITS
+            or sum(kind == "ops" for kind, _ in units) > MAX_OP_SEGMENTS):
+        return None
     infos = _rebuild_as_calls(graph, units, on_path, {t.node for t in provided})
     return _grad_by_units(graph, infos, provided, required, explicit)
 
@@ -288,7 +304,7 @@ def _rebuild_as_calls(graph: Graph, units: list[tuple[str, Any]], on_path: set[f
         if kind == "ops":
             plans.append(("ops", _segment_graph(graph, unit, returned, on_path, provided)))
         else:
-            plans.append(("call", unit))
+            plans.append((kind, unit))
     old_outputs = list(graph.outputs)
     old_fx, new = graph.fx, fx.Graph()
     env: dict[fx.Node, Tensor] = {}
@@ -313,6 +329,12 @@ def _rebuild_as_calls(graph: Graph, units: list[tuple[str, Any]], on_path: set[f
     infos = []
     with graph:
         for kind, plan in plans:
+            if kind == "free":  # an op off the gradient path, copied as it is
+                fresh = new.node_copy(plan, lambda n: value(n).node)
+                if "ipuxl_view_of" in plan.meta:
+                    fresh.meta["ipuxl_view_of"] = value(plan.meta["ipuxl_view_of"]).node
+                env[plan] = graph.wrap(fresh)
+                continue
             if kind == "ops":
                 sub, ins, outs = plan
                 info = call_with_info(sub, *[value(n) for n in ins])

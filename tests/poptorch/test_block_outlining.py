@@ -307,13 +307,16 @@ def test_blocks_with_keyword_arguments_tuple_results_and_frozen_weights():
         assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
 
 
-def test_transformer_encoder_layers_share_one_graph_and_train_like_eager():
-    """torch's own TransformerEncoderLayer (attention dropout off: its SDPA dropout is not
-    one ipuxl can seed), three layers: one layer graph, one grad graph."""
+@pytest.mark.parametrize("outline", [True, False], ids=["outlined", "inlined"])
+def test_transformer_encoder_layers_with_dropout_train_like_eager_with_the_device_masks(outline):
+    """torch's own TransformerEncoderLayer, three of them, dropout on everywhere: the
+    attention dropout inside F.scaled_dot_product_attention is seeded like F.dropout.
+    Outlined: one layer graph and one grad graph, and no graph between the layers (the
+    per-layer seed offsets stay plain ops of the forward)."""
     class Encoder(nn.Module):
         def __init__(self):
             super().__init__()
-            self.layers = nn.ModuleList([nn.TransformerEncoderLayer(WIDTH, 2, 2 * WIDTH, dropout=0.0, batch_first=True)
+            self.layers = nn.ModuleList([nn.TransformerEncoderLayer(WIDTH, 2, 2 * WIDTH, dropout=0.2, batch_first=True)
                                          for _ in range(3)])
             self.head = nn.Linear(WIDTH, 3)
 
@@ -326,19 +329,61 @@ def test_transformer_encoder_layers_share_one_graph_and_train_like_eager():
     torch.manual_seed(5)
     net = Encoder()
     ref = copy.deepcopy(net)
-    model = ipuxl.trainingModel(net, ipuxl.Options().deviceIterations(2),
-                                optimizer=torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
+    opts = ipuxl.Options().deviceIterations(2).randomSeed(11).autoOutline(outline)
+    model = ipuxl.trainingModel(net, opts, optimizer=torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    replay = DropoutReplay(11)
     g = torch.Generator().manual_seed(6)
     x, y = torch.randn(2 * BATCH, 5, WIDTH, generator=g), torch.randint(0, 3, (2 * BATCH,), generator=g)
     _, loss = model(x, y)
     for xs, ys in zip(x.split(BATCH), y.split(BATCH)):
         ref_opt.zero_grad()
-        _, ref_loss = ref(xs, ys)
+        with replay.step():
+            _, ref_loss = ref(xs, ys)
         ref_loss.backward()
         ref_opt.step()
     assert_close(loss, ref_loss.detach(), rtol=1e-5, atol=1e-6)
     for p, q in zip(net.parameters(), ref.parameters()):
         assert_close(p.detach(), q.detach(), rtol=1e-4, atol=1e-6)
-    assert _calls(_graph(model, "Encoder"), "TransformerEncoderLayer") == 3
-    assert _calls(_graph(model, "Encoder_grad"), "TransformerEncoderLayer_grad") == 3
+    if outline:
+        assert _calls(_graph(model, "Encoder"), "TransformerEncoderLayer") == 3
+        assert _calls(_graph(model, "Encoder_grad"), "TransformerEncoderLayer_grad") == 3
+        assert [g.base_name for g in model._session.ir.graphs].count("Encoder_ops") == 1  # the head
+
+
+class CausalAttention(nn.Module):
+    """F.scaled_dot_product_attention called directly, with a mask, causal, with dropout."""
+
+    def __init__(self, causal: bool):
+        super().__init__()
+        self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
+        self.causal = causal
+
+    def forward(self, x, y):
+        q, k, v = self.qkv(x).reshape(x.shape[0], x.shape[1], 3, 2, WIDTH // 2).permute(2, 0, 3, 1, 4)
+        mask = None if self.causal else torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).triu(-1)
+        h = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.3 if self.training else 0.0,
+                                           is_causal=self.causal)
+        out = h.mean((1, 2))[:, :3]
+        return out, F.cross_entropy(out, y)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bool-mask"])
+def test_attention_dropout_is_seeded_and_replayed(causal):
+    torch.manual_seed(7)
+    net = CausalAttention(causal)
+    ref = copy.deepcopy(net)
+    model = ipuxl.trainingModel(net, ipuxl.Options().randomSeed(3), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    g = torch.Generator().manual_seed(8)
+    x, y = torch.randn(BATCH, 6, WIDTH, generator=g), torch.randint(0, 3, (BATCH,), generator=g)
+    _, loss = model(x, y)
+    with DropoutReplay(3).step():
+        _, ref_loss = ref(x, y)
+    ref_loss.backward()
+    torch.optim.SGD(ref.parameters(), lr=0.1).step()
+    assert_close(loss, ref_loss.detach(), rtol=1e-5, atol=1e-6)
+    for p, q in zip(net.parameters(), ref.parameters()):
+        assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+    net.eval()
+    ref.eval()  # no dropout: torch's fused kernel, as eager
+    assert_close(ipuxl.inferenceModel(net)(x, y)[0], ref(x, y)[0], rtol=1e-5, atol=1e-6)
