@@ -50,6 +50,7 @@ from ipuxl.ir.call_op import CallEntry, is_call_graph_node
 from ipuxl.ir.context import traceback_source_line, user_source_line
 from ipuxl.ir.fx_import import copy_fx_body
 from ipuxl.ir.tensor import TensorSpec
+from ipuxl.passes.outline import MIN_SAVINGS  # what an outlined block must save over all its copies
 
 __all__ = ["TracedModule", "trace_module", "graph_from_trace", "identity_loss", "SEED_SHAPE", "seed_words",
            "DropoutReplay"]
@@ -346,7 +347,6 @@ def _flatten_call(module: torch.nn.Module, forward: Callable, args: tuple,
 
 # -- outlining repeated block modules while tracing --------------------------------------------
 MIN_BLOCK_OPS = 4  # smaller blocks stay inline: a call costs more than it saves and stops fusion
-MIN_SAVINGS = 8  # op instances an outlined block must save over all its copies (as passes.outline)
 
 
 @dataclass

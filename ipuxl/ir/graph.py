@@ -40,6 +40,8 @@ class Graph:
         self._outputs: list[Tensor] = []
         self._handles: dict[fx.Node, Tensor] = {}
         self.constants: dict[str, torch.Tensor] = {}
+        # (grad graph, expected inputs, required inputs) once autodiff differentiated it
+        self._ipuxl_grad: tuple | None = None
 
     # -- context ------------------------------------------------------------------
     def __enter__(self) -> "Graph":
