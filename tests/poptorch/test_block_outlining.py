@@ -4,6 +4,7 @@ from every place it runs, and autodiff gives it one grad graph. Eager PyTorch is
 oracle, dropout masks included (``DropoutReplay``)."""
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -54,6 +55,27 @@ def _data(n: int, seed: int):
     return torch.randn(n, WIDTH, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
+def _assert_same_weights(net: nn.Module, ref: nn.Module, rtol: float = 1e-5) -> None:
+    for p, q in zip(net.parameters(), ref.parameters()):
+        assert_close(p.detach(), q.detach(), rtol=rtol, atol=1e-6)
+
+
+def _check_one_sgd_step(net: nn.Module, x: torch.Tensor, y: torch.Tensor, random_seed: int | None = None):
+    """One ``trainingModel`` call (SGD, lr 0.1) against one eager step of a copy (with the
+    device's dropout masks when ``random_seed`` is given); returns the eager copy."""
+    ref = copy.deepcopy(net)
+    opts = ipuxl.Options() if random_seed is None else ipuxl.Options().randomSeed(random_seed)
+    model = ipuxl.trainingModel(net, opts, optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    _, loss = model(x, y)
+    with contextlib.nullcontext() if random_seed is None else DropoutReplay(random_seed).step():
+        _, ref_loss = ref(x, y)
+    ref_loss.backward()
+    torch.optim.SGD(ref.parameters(), lr=0.1).step()
+    assert_close(loss, ref_loss.detach(), rtol=1e-5, atol=1e-6)
+    _assert_same_weights(net, ref)
+    return ref
+
+
 def _calls(graph, name: str) -> int:
     return sum(1 for n in graph.fx.nodes if isinstance(n.target, CallTarget) and n.target.graph.base_name == name)
 
@@ -84,8 +106,7 @@ def test_dropout_blocks_train_like_eager_with_the_device_masks(outline, accumula
                 (loss / accumulation).backward()
             ref_opt.step()
         assert_close(losses, loss.detach(), rtol=1e-5, atol=1e-6)  # training's default output: the last micro-batch's
-    for p, q in zip(net.parameters(), ref.parameters()):
-        assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+    _assert_same_weights(net, ref)
     names = {g.base_name for g in model._session.ir.graphs}
     if outline:  # one block graph and one grad graph, called once per block
         assert {"MLPBlock", "MLPBlock_grad"} <= names
@@ -122,8 +143,7 @@ def test_batchnorm_blocks_update_their_running_statistics():
     ref_buffers = dict(ref.named_buffers())
     for name, buf in net.named_buffers():
         assert_close(buf, ref_buffers[name], rtol=1e-5, atol=1e-6)
-    for p, q in zip(net.parameters(), ref.parameters()):
-        assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+    _assert_same_weights(net, ref)
     # in eval mode the blocks read the running statistics: also one graph, called 3 times
     net.eval()
     ref.eval()
@@ -181,16 +201,7 @@ def test_blocks_that_differ_in_an_attribute_get_graphs_of_their_own():
     net = Stack([Scaled(0.5), Scaled(0.25), Scaled(0.5), Scaled(0.25), Scaled(0.5), Scaled(0.25)], head_dropout=0.0)
     traced = _trace(net)
     assert len(traced.blocks) == 2
-    ref = copy.deepcopy(net)
-    x, y = _data(BATCH, 5)
-    model = ipuxl.trainingModel(net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
-    _, loss = model(x, y)
-    _, ref_loss = ref(x, y)
-    ref_loss.backward()
-    torch.optim.SGD(ref.parameters(), lr=0.1).step()
-    assert_close(loss, ref_loss.detach(), rtol=1e-5, atol=1e-6)
-    for p, q in zip(net.parameters(), ref.parameters()):
-        assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+    _check_one_sgd_step(net, *_data(BATCH, 5))
     # one of a kind is not outlined
     assert not _trace(Stack([Scaled(0.5), Scaled(0.25)] + [nn.Identity()] * 2)).blocks
 
@@ -240,16 +251,7 @@ def test_blocks_that_cannot_be_outlined_are_traced_inline(block):
 
     net = Net()
     assert not _trace(net).blocks
-    ref = copy.deepcopy(net)
-    x, y = _data(BATCH, 6)
-    model = ipuxl.trainingModel(net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
-    _, loss = model(x, y)
-    _, ref_loss = ref(x, y)
-    ref_loss.backward()
-    torch.optim.SGD(ref.parameters(), lr=0.1).step()
-    assert_close(loss, ref_loss.detach(), rtol=1e-5, atol=1e-6)
-    for p, q in zip(net.parameters(), ref.parameters()):
-        assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+    _check_one_sgd_step(net, *_data(BATCH, 6))
 
 
 def test_offset_seed_shifts_the_seed_modifier():
@@ -303,8 +305,7 @@ def test_blocks_with_keyword_arguments_tuple_results_and_frozen_weights():
         ref_opt.zero_grad()
         ref(xs, ys)[1].backward()
         ref_opt.step()
-    for p, q in zip(net.parameters(), ref.parameters()):
-        assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+    _assert_same_weights(net, ref)
 
 
 @pytest.mark.parametrize("outline", [True, False], ids=["outlined", "inlined"])
@@ -343,8 +344,7 @@ def test_transformer_encoder_layers_with_dropout_train_like_eager_with_the_devic
         ref_loss.backward()
         ref_opt.step()
     assert_close(loss, ref_loss.detach(), rtol=1e-5, atol=1e-6)
-    for p, q in zip(net.parameters(), ref.parameters()):
-        assert_close(p.detach(), q.detach(), rtol=1e-4, atol=1e-6)
+    _assert_same_weights(net, ref, rtol=1e-4)
     if outline:
         assert _calls(_graph(model, "Encoder"), "TransformerEncoderLayer") == 3
         assert _calls(_graph(model, "Encoder_grad"), "TransformerEncoderLayer_grad") == 3
@@ -372,18 +372,9 @@ class CausalAttention(nn.Module):
 def test_attention_dropout_is_seeded_and_replayed(causal):
     torch.manual_seed(7)
     net = CausalAttention(causal)
-    ref = copy.deepcopy(net)
-    model = ipuxl.trainingModel(net, ipuxl.Options().randomSeed(3), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
     g = torch.Generator().manual_seed(8)
     x, y = torch.randn(BATCH, 6, WIDTH, generator=g), torch.randint(0, 3, (BATCH,), generator=g)
-    _, loss = model(x, y)
-    with DropoutReplay(3).step():
-        _, ref_loss = ref(x, y)
-    ref_loss.backward()
-    torch.optim.SGD(ref.parameters(), lr=0.1).step()
-    assert_close(loss, ref_loss.detach(), rtol=1e-5, atol=1e-6)
-    for p, q in zip(net.parameters(), ref.parameters()):
-        assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+    ref = _check_one_sgd_step(net, x, y, random_seed=3)
     net.eval()
     ref.eval()  # no dropout: torch's fused kernel, as eager
     assert_close(ipuxl.inferenceModel(net)(x, y)[0], ref(x, y)[0], rtol=1e-5, atol=1e-6)
