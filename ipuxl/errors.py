@@ -26,6 +26,7 @@ __all__ = [
     "DataError",
     "OptionsError",
     "FrozenOptionsError",
+    "AlreadyWrappedError",
     "ReplicationError",
     "ReplicaFailureError",
     "OutOfMemoryError",
@@ -91,7 +92,24 @@ class InplaceOrderError(PassError, RuntimeError):
 
 # -- device -----------------------------------------------------------------------
 class DeviceError(IpuxlError, RuntimeError):
-    """The simulated device could not run the program."""
+    """The simulated device could not run the program.
+
+    A failure inside the device program (``Session.run``) also carries where it
+    happened; the other raisers leave these ``None``:
+
+    Attributes:
+        steps_applied: main-program runs (steps) of the failed ``run`` that completed
+            and were kept (with replicas: the fewest over this process's replicas).
+        step: the 1-based step that failed.
+        failed_op: the op that raised (its PopXL or aten name), when found.
+        source: the user's ``file:line in function`` that built that op, when known.
+    """
+
+    def __init__(self, what: str, *, where: str | None = None, fix: str | None = None,
+                 steps_applied: int | None = None, step: int | None = None, failed_op: str | None = None,
+                 source: str | None = None):
+        super().__init__(what, where=where, fix=fix)
+        self.steps_applied, self.step, self.failed_op, self.source = steps_applied, step, failed_op, source
 
 
 class StreamInputError(DeviceError, ValueError):
@@ -130,6 +148,12 @@ class OptionsError(IpuxlError, ValueError):
 
 class FrozenOptionsError(OptionsError, AttributeError):
     """``Options`` were changed after a model had been compiled with them."""
+
+
+# -- PopTorch wrappers --------------------------------------------------------------
+class AlreadyWrappedError(IpuxlError, RuntimeError):
+    """``trainingModel`` of a module that a live training model already wraps (PopTorch
+    raises a RuntimeError too): ``destroy()`` the existing wrapper first."""
 
 
 # -- data -------------------------------------------------------------------------

@@ -117,8 +117,11 @@ def autodiff(graph: Graph, grads_provided: Iterable[Tensor] | None = None,
         grad graph needs; the backward never recomputes the forward.
 
     Raises:
-        AutodiffError: a requested gradient has no differentiable path, or a tensor
-            is not an input/output of ``graph``.
+        AutodiffError: a requested gradient has no differentiable path, a tensor is
+            not an input/output of ``graph``, or there is nothing to differentiate:
+            no floating-point output (of the graph, or in ``grads_provided``) or,
+            with the default ``grads_required``, no floating-point input. Checked
+            before anything is traced.
     """
     _refuse_collectives(graph)
     provided = list(grads_provided) if grads_provided is not None else None

@@ -46,6 +46,7 @@ HIERARCHY = [
     (ReplicationError, IpuxlError, (ValueError,)),
     (errors.InplaceOrderError, PassError, (RuntimeError,)),
     (OutOfMemoryError, DeviceError, (RuntimeError, MemoryError)),
+    (errors.AlreadyWrappedError, IpuxlError, (RuntimeError,)),
 ]
 
 

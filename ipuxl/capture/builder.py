@@ -19,12 +19,12 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_map
 
-from ipuxl.errors import GraphContextError, ShapeMismatchError
+from ipuxl.errors import GraphContextError, InvalidArgumentError, ShapeMismatchError
 from ipuxl.ir import context
 from ipuxl.ir.graph import Graph, _identifier, describe
 from ipuxl.ir.tensor import Tensor
 
-__all__ = ["emit", "check_same_graph", "check_same_shape"]
+__all__ = ["emit", "check_same_graph", "check_same_shape", "check_writable"]
 
 
 def emit(
@@ -54,10 +54,17 @@ def emit(
         num_outputs: when the target returns a sequence, how many Tensors to return.
         meta_fn: computes the output meta value instead of running ``target`` on meta
             tensors (for targets that cannot run on the meta device).
+
+    Raises:
+        GraphContextError: a tensor argument belongs to another graph.
+        InvalidArgumentError: an in-place op writes a constant or a view of one.
+        ShapeMismatchError: the op cannot be built with these input shapes/dtypes.
     """
     graph = context.gcg()
     kwargs = kwargs or {}
     check_same_graph(graph, op_name, args, kwargs)
+    if modifies is not None or writes:
+        check_writable(graph, op_name, [modifies, *writes] if modifies is not None else list(writes))
     meta_args = tree_map(_to_meta, (tuple(args), dict(kwargs)))
     meta_out = _infer_meta(op_name, meta_fn or target, args, kwargs, meta_args)
     node_args = tree_map(_to_node, tuple(args))
@@ -95,6 +102,42 @@ def check_same_graph(graph: Graph, op_name: str, args: Any, kwargs: Any) -> None
         return value
 
     tree_map(check, (args, kwargs))
+
+
+def check_writable(graph: Graph, op_name: str, written: Sequence[Tensor]) -> None:
+    """Raise if an in-place op would write a constant, or a view of one (PopXL constants
+    never change; PopART refuses to modify them). Variables, inputs and op results are fine."""
+    for tensor in written:
+        if not isinstance(tensor, Tensor):
+            continue
+        root = _storage_owner(tensor.node)
+        if root.op != "get_attr" or root.target not in graph.constants:
+            continue
+        name = root.meta.get("ipuxl_name", root.target)
+        written_to = (f"constant '{name}'" if root is tensor.node
+                      else f"{describe(tensor)}, a view of constant '{name}'")
+        from ipuxl import ops  # ops are built on this module: bind late
+
+        plain = op_name.rstrip("_")
+        alternative = (f"use the out-of-place op ops.{plain} (it returns a new tensor)"
+                       if op_name.endswith("_") and callable(getattr(ops, plain, None))
+                       else "compute a new tensor out of place instead")
+        line = context.user_source_line()
+        raise InvalidArgumentError(
+            f"op '{op_name}' writes in place to {written_to}, and constants never change "
+            "(PopXL refuses to modify a constant)",
+            where=f"{line}, constant '{name}'" if line else f"constant '{name}'",
+            fix=f"make '{name}' a variable with ipuxl.variable(...) if it must change, or {alternative}",
+        )
+
+
+def _storage_owner(node: fx.Node) -> fx.Node:
+    """The node owning the storage ``node`` aliases, through in-place results and views."""
+    while True:
+        parent = node.meta.get("ipuxl_modifies", node.meta.get("ipuxl_view_of"))
+        if parent is None:
+            return node
+        node = parent
 
 
 def _infer_meta(op_name: str, fn: Callable[..., Any], args: Any, kwargs: Any, meta_args: Any) -> Any:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
-from ipuxl.dtypes import DOWNCAST, from_any, to_numpy_dtype
+from ipuxl.dtypes import DOWNCAST, check_supported, from_any, to_numpy_dtype
 from ipuxl.errors import GraphContextError, InvalidArgumentError, ReplicationError
 from ipuxl.ir import context
 from ipuxl.ir.ir import VariableRecord
@@ -98,7 +98,7 @@ def variable(data: Any, dtype: torch.dtype | None = None, name: str | None = Non
             fix="create it under `with ir.main_graph:` and pass it to the subgraph as an "
                 "input (ipuxl.graph_input), or use ipuxl.constant",
         )
-    array, torch_dtype = _host_array(data, dtype, downcast)
+    array, torch_dtype = _host_array(data, dtype, downcast, f"variable '{name or 'variable'}'")
     ir = graph.ir
     shape = _grouped_shape(ir, name or "variable", array.shape, replica_grouping, retrieval_mode)
     attr = ir._unique(set(ir._variables) | set(graph.constants), _attr_name(name or "variable"))
@@ -142,7 +142,7 @@ def constant(data: Any, dtype: torch.dtype | None = None, name: str | None = Non
              downcast: bool = True) -> Constant:
     """Create a constant tensor in the current graph."""
     graph = context.gcg()
-    array, torch_dtype = _host_array(data, dtype, downcast)
+    array, torch_dtype = _host_array(data, dtype, downcast, f"constant '{name or 'constant'}'")
     attr = graph.ir._unique(set(graph.constants) | set(graph.ir._variables), _attr_name(name or "constant"))
     graph.constants[attr] = torch.from_numpy(array).to(torch_dtype)
     node = graph.fx.get_attr(attr)
@@ -225,20 +225,27 @@ def _outputs(graph: "Graph", name: str, result: Any) -> list[Tensor]:
     return items
 
 
-def _host_array(data: Any, dtype: Any, downcast: bool) -> tuple[np.ndarray, torch.dtype]:
-    """A private host copy of ``data`` and the device dtype (PopXL's downcast rule)."""
+def _host_array(data: Any, dtype: Any, downcast: bool, subject: str) -> tuple[np.ndarray, torch.dtype]:
+    """A private host copy of ``data`` and the device dtype (PopXL's downcast rule).
+
+    Raises:
+        InvalidArgumentError: ``data`` is a graph tensor, or its dtype (or ``dtype``)
+            is not one ipuxl supports (complex, strings...); ``subject`` names the
+            variable or constant in the message.
+    """
     if isinstance(data, Tensor):
         raise InvalidArgumentError(f"cannot initialise from graph tensor '{data.name}'",
                                    fix="pass host data (numpy array, torch tensor or Python number)")
     if isinstance(data, torch.Tensor):
         data = data.detach().cpu()
+        check_supported(data.dtype, subject)  # before .numpy(), which has its own message
         array = data.float().numpy() if data.dtype == torch.bfloat16 else data.numpy()
     else:
         array = np.asarray(data)
     if dtype is not None:
-        target = from_any(dtype)
+        target = check_supported(from_any(dtype, subject), subject)
     else:
-        inferred = from_any(array.dtype)
+        inferred = from_any(array.dtype, subject)
         target = DOWNCAST.get(inferred, inferred) if downcast else inferred
     return np.array(array, dtype=to_numpy_dtype(target), copy=True), target
 

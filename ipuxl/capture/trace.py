@@ -45,6 +45,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 import ipuxl.ops.random  # noqa: F401  (registers the ipuxl::* random custom ops)
+from ipuxl.capture.grad_mode import NOT_HANDLED, GradTracker
 from ipuxl.errors import TraceError
 from ipuxl.ir.call_op import CallEntry, is_call_graph_node
 from ipuxl.ir.context import traceback_source_line, user_source_line
@@ -158,7 +159,9 @@ class TracedModule:
     static_args: tuple = ()
     n_dropouts: int = 0  # dropouts drawn per call (each takes the next seed modifier)
     has_losses: bool = False  # a loss function or identity_loss ran inside
-    mutates_inputs: bool = False  # an in-place write to one of the call's own inputs
+    # positions (in ``inputs``) of the call's tensors written in place; their new values
+    # are the last graph outputs, after those of ``mutated``
+    mutated_inputs: list[int] = field(default_factory=list)
     # repeated block modules traced once and called from the graph (``outline=True``)
     blocks: list["OutlinedBlock"] = field(default_factory=list)
 
@@ -166,19 +169,37 @@ class TracedModule:
     def n_outputs(self) -> int:
         return len(self.output_specs)
 
+    @property
+    def mutates_inputs(self) -> bool:
+        """An in-place write to one of the call's own inputs."""
+        return bool(self.mutated_inputs)
+
 
 class _CaptureMode(TorchFunctionMode):
     """Seeds dropout and records which tensors came out of loss functions."""
 
-    def __init__(self, seed: torch.Tensor, module_name: str):
+    def __init__(self, seed: torch.Tensor, module_name: str, grads: GradTracker | None = None):
         super().__init__()
         self.seed = seed
         self.n_dropouts = 0
         self.losses: list[torch.Tensor] = []
         self.module_name = module_name
+        self.grads = grads  # eager autograd semantics while tracing (see capture.grad_mode)
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        grads = self.grads
+        if grads is None:
+            return self._call(func, args, kwargs)
+        answer = grads.intercept(func, args, kwargs)
+        if answer is not NOT_HANDLED:
+            return answer
+        args, kwargs = grads.prepare(func, args, kwargs)
+        out = self._call(func, args, kwargs)
+        grads.record(func, args, kwargs, out)
+        return out
+
+    def _call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         if func in _DROPOUTS:
             return self._dropout(func, args, kwargs)
         if func is F.scaled_dot_product_attention:
@@ -281,10 +302,13 @@ def _trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, *, trainin
         for pos, value in zip(tensor_pos, inputs):
             call_leaves[pos] = value
         call_args, call_kwargs = pytree.tree_unflatten(call_leaves, in_spec)
-        mode = _CaptureMode(seed, name)
+        trainable = [v for n, v in zip(p_names, p_vals) if params[n].requires_grad and v.is_floating_point()]
+        mode = _CaptureMode(seed, name, GradTracker(trainable, differentiated=training))
         _state.marked, _state.mode = [], mode
+        # a training step differentiates its forward whatever the caller's grad mode
+        grad_mode = torch.enable_grad() if training else contextlib.nullcontext()
         try:
-            with mode, _outlined_blocks(candidates, blocks):
+            with grad_mode, mode, _outlined_blocks(candidates, blocks):
                 out = torch.func.functional_call(module, {**dict(zip(p_names, p_vals)), **dict(zip(b_names, b_vals))},
                                                  call_args, call_kwargs, tie_weights=True, strict=False)
             marked = list(_state.marked)
@@ -305,7 +329,7 @@ def _trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, *, trainin
     module.train(training)
     try:
         gm = make_fx(torch.func.functionalize(fn, remove="mutations"), tracing_mode="fake",
-                     decomposition_table=_DECOMPOSITIONS)(
+                     decomposition_table=_DECOMPOSITIONS, record_stack_traces=True)(
             [t.detach() for t in example], [p.detach() for p in params.values()],
             [b.detach() for b in buffers.values()], torch.zeros(SEED_SHAPE, dtype=SEED_DTYPE))
     except (TraceError, _NeedBlock):
@@ -315,10 +339,10 @@ def _trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, *, trainin
     finally:
         for m, flag in flags.items():
             m.training = flag
-    mutated, mutates_inputs = _extract_mutations(gm, len(example), p_names + b_names)
+    mutated, mutated_inputs = _extract_mutations(gm, len(example), p_names + b_names)
     _refuse_random_ops(gm, name, module)
     out_vals = [n.meta["val"] for n in gm.graph.output_node().args[0]]
-    n_user = len(out_vals) - len(mutated)
+    n_user = len(out_vals) - len(mutated) - len(mutated_inputs)
     traced = TracedModule(
         gm=gm, name=name, input_names=input_names,
         input_specs=[TensorSpec(tuple(t.shape), t.dtype) for t in example], params=p_names, buffers=b_names,
@@ -326,7 +350,7 @@ def _trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, *, trainin
         output_specs=[TensorSpec(tuple(v.shape), v.dtype) for v in out_vals[:n_user]],
         loss_index=record["loss_index"], mutated=mutated,
         static_args=tuple((i, _static_key(leaf)) for i, leaf in enumerate(leaves) if i not in tensor_pos),
-        n_dropouts=record["n_dropouts"], has_losses=record["has_losses"], mutates_inputs=mutates_inputs)
+        n_dropouts=record["n_dropouts"], has_losses=record["has_losses"], mutated_inputs=mutated_inputs)
     if need_loss:
         _check_loss(traced, module)
     return traced
@@ -603,15 +627,18 @@ def _trace_error(name: str, exc: Exception) -> TraceError:
                       where=traceback_source_line(exc.__traceback__), fix=fix)
 
 
-def _extract_mutations(gm: fx.GraphModule, n_inputs: int, state_names: list[str]) -> tuple[list[str], bool]:
-    """Turn functionalize's trailing ``copy_(param_or_buffer, new)`` into extra outputs.
+def _extract_mutations(gm: fx.GraphModule, n_inputs: int, state_names: list[str]) -> tuple[list[str], list[int]]:
+    """Turn functionalize's trailing ``copy_(dst, new)`` into extra outputs.
 
-    Returns the mutated state names and whether the call wrote to its own inputs."""
+    Returns the mutated parameter/buffer names (their new values follow the user's
+    outputs, in this order) and the positions of the call's own tensor inputs written
+    in place (their new values come last, so the caller's tensors can be updated)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     state_nodes = {node: state_names[i] for i, node in enumerate(placeholders[n_inputs:n_inputs + len(state_names)])}
+    input_nodes = {node: i for i, node in enumerate(placeholders[:n_inputs])}
     output = gm.graph.output_node()
     outs = list(output.args[0])
-    mutated, mutates_inputs = [], False
+    mutated, input_news = [], {}
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is _aten.copy_.default:
             dst, src = node.args
@@ -619,13 +646,15 @@ def _extract_mutations(gm: fx.GraphModule, n_inputs: int, state_names: list[str]
                 mutated.append(state_nodes[dst])
                 outs.append(src)
                 gm.graph.erase_node(node)
-            elif dst in placeholders[:n_inputs]:
-                gm.graph.erase_node(node)  # writes to the call's own inputs are not visible to the host
-                mutates_inputs = True
+            elif dst in input_nodes:
+                input_news[input_nodes[dst]] = src
+                gm.graph.erase_node(node)
+    mutated_inputs = sorted(input_news)
+    outs.extend(input_news[i] for i in mutated_inputs)
     output.args = (outs,)
     gm.graph.eliminate_dead_code()
     gm.recompile()
-    return mutated, mutates_inputs
+    return mutated, mutated_inputs
 
 
 def _refuse_random_ops(gm: fx.GraphModule, name: str, module: torch.nn.Module) -> None:
@@ -657,7 +686,8 @@ def graph_from_trace(ir: Any, traced: TracedModule) -> Any:
         val = node.meta["val"]
         env[node] = graph._add_input(TensorSpec(tuple(val.shape), val.dtype), input_name).node
     copy_fx_body(traced.gm, graph.fx, env, graph.constants, ir)
-    out_names = [f"output{i}" for i in range(traced.n_outputs)] + [f"{m}.new" for m in traced.mutated]
+    out_names = ([f"output{i}" for i in range(traced.n_outputs)] + [f"{m}.new" for m in traced.mutated]
+                 + [f"{traced.input_names[i]}.new" for i in traced.mutated_inputs])
     outputs = []
     for node, out_name in zip(traced.gm.graph.output_node().args[0], out_names):
         new = env[node]

@@ -133,6 +133,8 @@ def fuse_matmul_updates(graph: fx.Graph) -> bool:
             with graph.inserting_before(node):
                 scaled = graph.call_function(torch.mul, ((a if scale_a else g), node.args[2]))
             scaled.meta["val"] = (a if scale_a else g).meta.get("val")
+            # part of the user's update: errors name its op and line (not its writes: it writes nothing)
+            scaled.meta.update({k: node.meta[k] for k in ("ipuxl_op", "ipuxl_source") if k in node.meta})
             _replace(graph, node, torch.Tensor.addmm_, (node.args[0], *((scaled, g) if scale_a else (a, scaled))),
                      {}, dead=(grad,))
             changed = True

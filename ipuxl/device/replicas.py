@@ -25,6 +25,7 @@ closed connection, or the process group's timeout ends the wait).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import math
 import os
@@ -35,7 +36,7 @@ import torch
 
 from ipuxl.errors import ReplicaFailureError, ReplicationError
 
-__all__ = ["world", "ensure_process_group", "Communicator", "run_replicas", "current_replica",
+__all__ = ["world", "ensure_process_group", "Communicator", "run_replicas", "current_replica", "replica_alone",
            "all_reduce", "all_reduce_", "reduce_scatter", "all_gather", "REDUCTIONS"]
 
 _LOCAL = threading.local()
@@ -181,6 +182,30 @@ class Communicator:
 def current_replica() -> tuple[Communicator | None, int]:
     """The communicator and global replica index of the running thread ((None, 0) outside)."""
     return getattr(_LOCAL, "comm", None), getattr(_LOCAL, "replica", 0)
+
+
+class _Alone:
+    """Stands in for the other replicas while one replica's code runs by itself."""
+
+    def __init__(self, replication_factor: int):
+        self.replication_factor = replication_factor
+
+    def exchange(self, replica: int, tensor: torch.Tensor, combine: Combine) -> torch.Tensor:
+        return combine([tensor] * self.replication_factor, [replica])[0]
+
+
+@contextlib.contextmanager
+def replica_alone(replication_factor: int, replica: int) -> Any:
+    """Run code in this thread as replica ``replica`` of ``replication_factor`` with nobody
+    to meet: each collective takes this replica's tensor as every replica's contribution
+    (right shapes and dtypes, not the real values). The device re-runs a failed step of one
+    replica so, after the others have stopped, to find the op that failed."""
+    saved = getattr(_LOCAL, "comm", None), getattr(_LOCAL, "replica", 0)
+    _LOCAL.comm, _LOCAL.replica = _Alone(replication_factor), replica
+    try:
+        yield
+    finally:
+        _LOCAL.comm, _LOCAL.replica = saved
 
 
 def run_replicas(comm: Communicator, work: Sequence[Callable[[], None]]) -> None:

@@ -10,22 +10,34 @@ of the main program's generated ``forward`` over pre-sliced stream buffers:
 Weights live twice, as on an IPU: host buffers (numpy) and device storage (torch
 tensors the compiled code updates in place). ``with session:`` attaches, copies
 host -> device on entry and device -> host on exit, as PopXL's Session does.
+
+A run that fails in step k of n (``DeviceError``) keeps what it did: steps 1..k-1
+stay applied, host and device agree on them (the next read of a variable syncs, and
+the exit of the ``with`` block copies them back, as after a successful run), and the
+next run continues from them. In-place updates that step k made before its failing op
+stay too; the error names them, with the failing op and the user's line that built it
+(``device.failures``: found off the hot path, by running the failed step again).
+
+A Session compiles its IR once: a variable, replica count or ``num_host_transfers``
+changed afterwards is refused with an error, never run half-way.
 """
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
 from ipuxl.dtypes import DOWNCAST, dtype_name, to_numpy_dtype
 from ipuxl.errors import (
-    DetachedError, DeviceError, InvalidArgumentError, IpuxlError, ReplicationError, ShapeMismatchError,
-    StreamInputError,
+    DetachedError, DeviceError, InvalidArgumentError, IpuxlError, ReplicaFailureError, ReplicationError,
+    ShapeMismatchError, StreamInputError,
 )
+from ipuxl.ir.context import user_source_line
 from ipuxl.ir.graph import Graph, _identifier
 from ipuxl.ir.ir import Ir, VariableRecord
+from ipuxl.device.failures import StepFailure, step_error
 from ipuxl.device.replicas import Communicator, ensure_process_group, run_replicas
 from ipuxl.device.dce import eliminate_dead_code
 from ipuxl.device.resources import check_fits
@@ -59,16 +71,23 @@ class Session:
         ir: the program. It should not be changed after the session is created.
         device_desc: ``"ipu_model"``, ``"cpu"`` (both run on the CPU) or ``"ipu_hw"``
             (CUDA when present, else CPU).
+        storage: ipuxl only: tensors to use as the device storage of some variables
+            (the first local replica's), without a copy. Each must be contiguous, on the
+            session's device, with the variable's shape and dtype; the program then reads
+            and updates it in place, so its owner sees the device's values at once.
+            ``trainingModel`` uses it to make the host module's parameters the device's.
 
     Example:
         >>> with ipuxl.Session(ir, "cpu") as session:
         ...     outputs = session.run({x_stream: np.ones((2,), np.float32)})
     """
 
-    def __init__(self, ir: Ir, device_desc: DeviceType = "cpu"):
+    def __init__(self, ir: Ir, device_desc: DeviceType = "cpu", *,
+                 storage: Mapping[Variable, torch.Tensor] | None = None):
         self.ir = ir
         self.device_type = device_desc
         self.device = device_for(device_desc)
+        self._built = _Built(ir.replication_factor, ir.num_host_transfers, len(ir._variables), user_source_line())
         self._plan = plan_replicas(ir)
         if device_desc == "ipu_model":  # the IPU resource model: fail before compiling when it cannot fit
             check_fits(ir)
@@ -84,12 +103,16 @@ class Session:
         self._host = {r.tensor: self._initial_host(r) for r in records.values()}
         self._replica_vars = [{attr: self._to_device(self._plan.initial_value(r, replica), r.tensor.dtype)
                                for attr, r in records.items()} for replica in self._plan.local]
+        for tensor, given in (storage or {}).items():  # zero-copy: this replica's storage is the caller's tensor
+            self._replica_vars[0][self._attr(tensor)] = self._bound_storage(tensor, given)
         self._device_vars = self._replica_vars[0]
         self._compiled: dict[Graph, Callable[..., tuple]] = {}
+        self._callee_modules: dict[Graph, torch.fx.GraphModule] = {}  # for re-running a failed step
         self._call_sites = _count_call_sites(ir)
         self._program = self._compile(ir.main_graph, self._device_vars)
         self._forward = self._program.forward
-        self._forwards = [self._forward] + [self._replica_program(v).forward for v in self._replica_vars[1:]]
+        self._modules = [self._program] + [self._replica_program(v) for v in self._replica_vars[1:]]
+        self._forwards = [m.forward for m in self._modules]
         self._arguments = self._stream_arguments()
         self._h2d = [s for role, s in self._arguments if role == "h2d"]
         self._written_inputs = {w.meta["ipuxl_stream"] for n in ir.main_graph.fx.nodes
@@ -117,7 +140,9 @@ class Session:
 
     def _compile_callee(self, graph: Graph) -> Callable[..., tuple]:
         if graph not in self._compiled:
-            self._compiled[graph] = compiled_callee(graph, self._compile(graph).forward)
+            module = self._compile(graph)
+            self._callee_modules[graph] = module
+            self._compiled[graph] = compiled_callee(graph, module.forward)
         return self._compiled[graph]
 
     def _stream_arguments(self) -> list[tuple[str, HostToDeviceStream | DeviceToHostStream]]:
@@ -152,9 +177,13 @@ class Session:
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         was_attached = self._enter_stack.pop()
         if not was_attached:
-            if exc_type is None:
-                self.weights_to_host()
-            self._attached = False
+            try:
+                # Another exception leaves the host values as they were; a failed run of this
+                # session does not: its applied steps are kept (see the module docstring).
+                if exc_type is None or getattr(exc[0] if exc else None, "_ipuxl_session", None) is self:
+                    self.weights_to_host()
+            finally:
+                self._attached = False
 
     def _require_attached(self, what: str) -> None:
         if not self._attached:
@@ -168,7 +197,7 @@ class Session:
 
     @property
     def replication_factor(self) -> int:
-        return self.ir.replication_factor
+        return self._built.replicas
 
     def create_host_outputs(self) -> dict[DeviceToHostStream, np.ndarray]:
         return {s: np.empty(self._full_shape(s.shape), to_numpy_dtype(s.dtype)) for s in self._d2h}
@@ -186,19 +215,35 @@ class Session:
 
         Returns:
             ``{d2h_stream: array}`` shaped like the inputs, all replicas included.
+
+        Raises:
+            DeviceError: a step failed. Its ``steps_applied`` steps stay applied (the
+                variables hold their values after them; ``step``, ``failed_op`` and
+                ``source`` say where it failed). See the module docstring.
         """
         self._require_attached("run")
+        self._check_unchanged_ir()
         self._check_keys(inputs or {})
         data = inputs or {}
-        if self._comm is None:
-            results = self._run_one(data, downcast_inputs)
-        else:
-            results = self._run_replicas(data, downcast_inputs)
-        self._host_in_sync = False
+        self._progress = [0] * len(self._plan.local)
+        try:
+            if self._comm is None:
+                results = self._run_one(data, downcast_inputs)
+            else:
+                results = self._run_replicas(data, downcast_inputs)
+        except StepFailure as failure:
+            error = step_error(self, failure)
+            error._ipuxl_session = self  # type: ignore[attr-defined]  # for __exit__
+            raise error from failure.exc
+        except ReplicaFailureError as error:  # stopped by another process's replica
+            if error.steps_applied is None:
+                error.steps_applied = min(self._progress)
+            error._ipuxl_session = self  # type: ignore[attr-defined]
+            raise
         return {s: self._to_host(o, s) for s, o in zip(self._d2h, results)}
 
     def _run_one(self, data: Mapping[HostToDeviceStream, Any], downcast: bool) -> list[torch.Tensor]:
-        n = self.ir.num_host_transfers
+        n = self._built.steps
         loaded = {s: self._stream_input(s, data.get(s), downcast).reshape(n, *s.shape).unbind(0) for s in self._h2d}
         outputs = [torch.empty((n, *s.shape), dtype=s.dtype, device=self.device) for s in self._d2h]
         slots = {s: o.unbind(0) for s, o in zip(self._d2h, outputs)}
@@ -206,34 +251,63 @@ class Session:
         return outputs
 
     def _run_replicas(self, data: Mapping[HostToDeviceStream, Any], downcast: bool) -> list[torch.Tensor]:
-        n, local = self.ir.num_host_transfers, self._plan.local
+        n, local = self._built.steps, self._plan.local
         loaded = {s: self._stream_input(s, data.get(s), downcast) for s in self._h2d}  # (n, local, *shape)
         outputs = [torch.empty((n, len(local), *s.shape), dtype=s.dtype, device=self.device) for s in self._d2h]
         slots = dict(zip(self._d2h, outputs))
 
         def work(i: int) -> Callable[[], None]:
             columns = [(loaded[s] if role == "h2d" else slots[s])[:, i].unbind(0) for role, s in self._arguments]
-            return lambda: self._steps(self._forwards[i], columns, local[i])
+            return lambda: self._steps(self._forwards[i], columns, i)
 
         run_replicas(self._comm, [work(i) for i in range(len(local))])
         return [self._comm.gather_processes(o, 1) for o in outputs]
 
-    def _steps(self, forward: Callable[..., Any], columns: list[Sequence[torch.Tensor]], replica: int) -> None:
-        """Run ``forward`` once per device iteration over the per-step argument columns."""
-        n = self.ir.num_host_transfers
+    def _steps(self, forward: Callable[..., Any], columns: list[Sequence[torch.Tensor]], index: int) -> None:
+        """Run ``forward`` once per device iteration over the per-step argument columns
+        (``index``: the local replica). Records how many steps completed; a step that
+        fails leaves as ``StepFailure`` (with its arguments, for ``_step_error``)."""
+        n = self._built.steps
         steps = list(zip(*columns)) if columns else [()] * n
         step = 0
+        # From the first step on the device may hold newer variables than the host, however
+        # the run ends (a failed step's applied steps are kept): the next read syncs.
+        self._host_in_sync = False
         try:
             for step, args in enumerate(steps):
                 forward(*args)
-        except IpuxlError:
-            raise
         except (RuntimeError, IndexError, ValueError) as exc:
-            replica_part = f", replica {replica} of {self.ir.replication_factor}" if self._comm is not None else ""
+            self._progress[index] = step
+            if isinstance(exc, IpuxlError):
+                raise
+            raise StepFailure(exc, step, index, steps[step]) from exc
+        except BaseException:
+            self._progress[index] = step
+            raise
+        self._progress[index] = n
+
+    # -- the IR the session compiled ------------------------------------------------------------
+    def _check_unchanged_ir(self) -> None:
+        """Refuse to run when the IR's replicas, steps or variables changed after compiling."""
+        ir, built = self.ir, self._built
+        if (ir.replication_factor, ir.num_host_transfers, len(ir._variables)) == built[:3]:
+            return
+        where = f"Session.run at {user_source_line()}; the Session was created at {built.created_at}"
+        fix = "create a new Session after changing the IR: a Session compiles the IR once, when it is created"
+        if ir.replication_factor != built.replicas:
+            raise ReplicationError(
+                f"ir.replication_factor changed from {built.replicas} to {ir.replication_factor} after the Session "
+                f"was created: the session compiled and runs {built.replicas} replica(s)", where=where, fix=fix)
+        if ir.num_host_transfers != built.steps:
             raise DeviceError(
-                f"the device program failed in step {step + 1} of {n}{replica_part}: {str(exc).splitlines()[0]}",
-                where=f"main program of {self.ir!r} (see session.code)",
-                fix="check the data fed to the program (e.g. label or gather indices in range)") from exc
+                f"ir.num_host_transfers changed from {built.steps} to {ir.num_host_transfers} after the Session "
+                f"was created: the session runs {built.steps} steps per run", where=where, fix=fix)
+        added = [r.tensor for r in ir._variables.values() if r.tensor not in self._records]
+        made = "; ".join(f"'{t.name}' made at {t.node.meta.get('ipuxl_source')}" for t in added)
+        raise DeviceError(
+            f"the IR has {len(added)} variable(s) more than when the Session was created "
+            f"({', '.join(repr(t.name) for t in added)}): the compiled program does not have them",
+            where=f"{where}; {made}", fix=fix)
 
     def run_with_outputs(self, inputs: Mapping[HostToDeviceStream, Any] | None = None,
                          outputs: Mapping[DeviceToHostStream, np.ndarray] | None = None,
@@ -245,8 +319,8 @@ class Session:
 
     def _full_shape(self, shape: tuple[int, ...], replicas: int | None = None) -> tuple[int, ...]:
         """Host data shape: ``(num_host_transfers, replicas, *shape)`` without dims of size 1."""
-        n = self.ir.num_host_transfers
-        r = self.ir.replication_factor if replicas is None else replicas
+        n = self._built.steps
+        r = self._built.replicas if replicas is None else replicas
         return tuple(d for d in (n, r) if d > 1) + tuple(shape)
 
     def _check_keys(self, inputs: Mapping[Any, Any]) -> None:
@@ -284,7 +358,7 @@ class Session:
 
     def _replica_slice(self, stream: HostToDeviceStream, tensor: torch.Tensor) -> torch.Tensor:
         """Check the host data's shape; with replicas, keep this process's replicas."""
-        n, replicas, local = self.ir.num_host_transfers, self.ir.replication_factor, self._plan.local
+        n, replicas, local = self._built.steps, self._built.replicas, self._plan.local
         got = tuple(tensor.shape)
         if self._comm is None:
             if got != self._full_shape(stream.shape):
@@ -299,7 +373,7 @@ class Session:
         raise AssertionError("unreachable")
 
     def _raise_shape(self, stream: HostToDeviceStream, got: tuple[int, ...]) -> None:
-        n, replicas = self.ir.num_host_transfers, self.ir.replication_factor
+        n, replicas = self._built.steps, self._built.replicas
         expected = self._full_shape(stream.shape)
         axis = 1 if n > 1 else 0
         if (replicas > 1 and len(got) == len(expected)
@@ -322,6 +396,23 @@ class Session:
         return array.reshape(self._full_shape(stream.shape))
 
     # -- weights ------------------------------------------------------------------------
+    def _bound_storage(self, tensor: Variable, given: torch.Tensor) -> torch.Tensor:
+        """``given`` as the device storage of ``tensor`` (first local replica), checked."""
+        self._check_own(tensor, (Variable,), "Session(storage=...)")
+        if self._records[tensor].grouping is not None and self._records[tensor].replica_grouping(
+                self.ir.replication_factor).num_groups > 1:
+            raise InvalidArgumentError(f"Session(storage=...): variable '{tensor.name}' has one value per replica group",
+                                       fix="give storage only for variables with one value")
+        if (tuple(given.shape), given.dtype, given.device) != (tensor.shape, tensor.dtype, self.device) \
+                or not given.is_contiguous():
+            raise InvalidArgumentError(
+                f"Session(storage=...): the tensor for variable '{tensor.name}' is {tuple(given.shape)} "
+                f"{dtype_name(given.dtype)} on {given.device}"
+                f"{'' if given.is_contiguous() else ', not contiguous'}; the variable needs a contiguous "
+                f"{tensor.shape} {dtype_name(tensor.dtype)} tensor on {self.device}",
+                fix="give a matching tensor, or leave the variable out of storage (the session then owns a copy)")
+        return given.detach()  # shares storage and version counter; attaching writes the variable's data into it
+
     def _to_device(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(np.array(array, copy=True)).to(self.device, dtype)
 
@@ -334,7 +425,7 @@ class Session:
         PopXL's rule: "one_per_group" keeps one value per group of the variable's
         replica grouping (the group's first replica), "all_replicas" one per replica.
         """
-        replicas = self.ir.replication_factor
+        replicas = self._built.replicas
         if record.retrieval_mode == "all_replicas" and replicas > 1:
             return list(range(replicas))
         grouping = record.replica_grouping(replicas)
@@ -348,7 +439,7 @@ class Session:
 
     def _host_row(self, record: VariableRecord, replica: int) -> int | None:
         """Which row of the host buffer replica ``replica`` is loaded from."""
-        replicas = self.ir.replication_factor
+        replicas = self._built.replicas
         if record.retrieval_mode == "all_replicas" and replicas > 1:
             return replica
         grouping = record.replica_grouping(replicas)
@@ -385,7 +476,7 @@ class Session:
             return replica
         if record.retrieval_mode == "all_replicas":
             return None
-        members = record.replica_grouping(self.ir.replication_factor).members(replica)
+        members = record.replica_grouping(self._built.replicas).members(replica)
         return next((m for m in members if m in local), None)
 
     def weights_from_host(self) -> None:
@@ -456,6 +547,12 @@ class Session:
             raise InvalidArgumentError(
                 f"{what}: tensor '{tensor.name}' belongs to another Ir than this session's",
                 fix="copy values between IRs with session_a.get_tensors_data + session_b.write_variables_data")
+        if isinstance(tensor, Variable) and tensor not in self._records:
+            raise InvalidArgumentError(
+                f"{what}: variable '{tensor.name}' was added to the IR after this Session was created "
+                f"(at {self._built.created_at}), so the session's compiled program does not have it",
+                where=tensor.node.meta.get("ipuxl_source") or user_source_line(),
+                fix="create a new Session after changing the IR: a Session compiles the IR once, when it is created")
 
 
 def _count_call_sites(ir: Ir) -> Counter[Graph]:
@@ -467,3 +564,12 @@ def _count_call_sites(ir: Ir) -> Counter[Graph]:
 def _constant_value(tensor: Constant) -> np.ndarray:
     value = tensor.graph.constants[tensor.node.target]
     return value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
+
+
+class _Built(NamedTuple):
+    """What a Session compiled: the IR's settings then, and where the Session was made."""
+
+    replicas: int
+    steps: int
+    variables: int
+    created_at: str | None

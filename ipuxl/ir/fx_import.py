@@ -5,33 +5,58 @@ capture (``capture.trace``): each node is copied with a meta tensor value, a fre
 id and, for aten ops that return a view of their input, the ``ipuxl_view_of`` record
 that lowering needs to keep PopXL's value semantics. ``ipuxl::call_graph`` nodes (calls
 of shared graphs recorded while tracing, see ``ir.call_op``) become IR calls.
+
+Each copied op also gets ``meta["ipuxl_source"]``, the user's ``file:line in function``
+that made it (what errors quote), from one of two places:
+
+* a module trace records stack traces (``make_fx(..., record_stack_traces=True)``):
+  the innermost frame outside ipuxl, torch and the standard library is the user's line;
+* a trace of an IR graph's own body that then replaces it (``autodiff`` importing the
+  partitioned forward of the graph it traced) knows no user frames: each op takes
+  the source of the op of the replaced body that computes the same thing (same aten
+  op of the corresponding inputs; copies made by lowering are seen through).
 """
 from __future__ import annotations
 
 import operator
+import os
+import re
 from typing import Any
 
 import torch
 import torch.fx as fx
 
 from ipuxl.ir.call_op import call_entry, is_call_graph_node
+from ipuxl.ir.context import _SKIP_PREFIXES, _STDLIB_DIR
 from ipuxl.ir.lower import CallTarget
 
 __all__ = ["copy_fx_body", "to_meta"]
 
 
 def copy_fx_body(source: fx.GraphModule, new: fx.Graph, env: dict[fx.Node, fx.Node],
-                 constants: dict[str, torch.Tensor], ir: Any) -> None:
+                 constants: dict[str, torch.Tensor], ir: Any, *, replaces: fx.Graph | None = None) -> None:
     """Copy every op of ``source`` into ``new``; ``env`` maps source nodes (placeholders
-    already bound) to new nodes and is filled in; constants land in ``constants``."""
+    already bound) to new nodes and is filled in; constants land in ``constants``.
+    ``replaces``: the body ``new`` replaces (a trace of it), whose ops lend their sources."""
     calls: dict[fx.Node, Any] = {}
+    lines = _UserLines()
+    replaced = _ReplacedBody.of(replaces, env) if replaces is not None else None
     for node in source.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
         if is_call_graph_node(node):
             env[node] = calls[node] = _import_call(node, new, env, ir)
+            line = replaced.source_of(node) if replaced is not None else None
+            if line:
+                calls[node].meta["ipuxl_source"] = line
             continue
         copied = new.node_copy(node, lambda n: env[n])
+        # the stack trace is only read here: kept, fx would print it into every generated program
+        line = lines.innermost(copied.meta.pop("stack_trace", None))
+        if line is None and replaced is not None:
+            line = replaced.source_of(node)
+        if line and node.op == "call_function":
+            copied.meta["ipuxl_source"] = line
         if node.target is operator.getitem and node.args[0] in calls:
             out = calls[node.args[0]].meta["ipuxl_called_graph"].outputs[node.args[1]]
             copied.meta.update(ipuxl_op="output_of", ipuxl_name=out.name)
@@ -54,6 +79,125 @@ def _import_call(node: fx.Node, new: fx.Graph, env: dict[fx.Node, fx.Node], ir: 
     call.meta.update(val=to_meta(tuple(node.meta["val"])), ipuxl_op="call", ipuxl_called_graph=graph,
                      ipuxl_op_id=ir._next_op_id())
     return call
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+_THIRD_PARTY = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+
+
+class _UserLines:
+    """The user's line in make_fx stack traces (cached: the ops of one line share a trace)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, str | None] = {}
+
+    def innermost(self, stack_trace: str | None) -> str | None:
+        """``file:line in function`` of the innermost frame outside ipuxl, torch and the stdlib."""
+        if not stack_trace:
+            return None
+        if stack_trace not in self._cache:
+            found = None
+            for filename, line, function in _FRAME.findall(stack_trace):
+                if _is_user_file(filename):
+                    found = f"{filename}:{line} in {function}"
+            self._cache[stack_trace] = found
+        return self._cache[stack_trace]
+
+
+def _is_user_file(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    if path.startswith(_SKIP_PREFIXES):
+        return False
+    return not path.startswith(_STDLIB_DIR) or any(d in path for d in _THIRD_PARTY)
+
+
+class _NoMatch(Exception):
+    """An argument has no counterpart in the replaced body."""
+
+
+# ops that lowering inserts (value copies) or that tracing adds around values: seen through
+_SEE_THROUGH = {torch.ops.aten.clone.default, torch.ops.aten.detach.default, torch.ops.aten.alias.default}
+
+
+class _ReplacedBody:
+    """The body of the IR graph that ``new`` replaces, to give re-traced ops their sources.
+
+    Matching is structural: a traced op corresponds to the op of the replaced body with
+    the same target and corresponding arguments (inputs by name, then op by op).
+    """
+
+    def __init__(self, old: fx.Graph, env: dict[fx.Node, fx.Node]):
+        self._env = env
+        self._placeholders = {n.name: n for n in old.nodes if n.op == "placeholder"}
+        self._attrs = {n.target: n for n in old.nodes if n.op == "get_attr"}
+        self._index: dict[Any, fx.Node] = {}
+        self._matched: dict[fx.Node, fx.Node | None] = {}
+        for node in old.nodes:
+            if node.op == "call_function":
+                try:
+                    self._index.setdefault(self._key(node, lambda n: n), node)
+                except _NoMatch:
+                    continue
+
+    @staticmethod
+    def of(old: fx.Graph, env: dict[fx.Node, fx.Node]) -> "_ReplacedBody | None":
+        """The replaced body ``old``, if any of its ops has a source to lend."""
+        if not any(n.meta.get("ipuxl_source") for n in old.nodes):
+            return None
+        return _ReplacedBody(old, env)
+
+    def source_of(self, node: fx.Node) -> str | None:
+        """The source of ``node``'s counterpart (``node``: a traced node, visited in order)."""
+        match = self._match(node)
+        return match.meta.get("ipuxl_source") if match is not None and match.op == "call_function" else None
+
+    def _match(self, node: fx.Node) -> fx.Node | None:
+        if node in self._matched:
+            return self._matched[node]
+        match = None
+        if node.op == "placeholder":
+            bound = self._env.get(node)
+            match = self._placeholders.get(bound.name) if bound is not None else None
+        elif node.op == "get_attr":
+            match = self._attrs.get(node.target)
+        elif node.op == "call_function":
+            try:
+                match = self._index.get(self._key(node, self._match))
+            except _NoMatch:
+                match = None
+            if match is None and node.target in _SEE_THROUGH and node.args and isinstance(node.args[0], fx.Node):
+                match = self._match(node.args[0])
+        self._matched[node] = match
+        return match
+
+    @staticmethod
+    def _key(node: fx.Node, counterpart: Any) -> tuple:
+        target = node.target
+        if is_call_graph_node(node):
+            key, args = node.args
+            return ("call", call_entry(key).graph, _hashable(tuple(args), counterpart))
+        if isinstance(target, CallTarget):
+            return ("call", target.graph, _hashable(tuple(node.args), counterpart))
+        return (target, _hashable(tuple(node.args), counterpart), _hashable(dict(node.kwargs), counterpart))
+
+
+def _hashable(value: Any, counterpart: Any) -> Any:
+    if isinstance(value, fx.Node):
+        match = counterpart(value)
+        if match is None:
+            raise _NoMatch
+        return match
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v, counterpart) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v, counterpart)) for k, v in value.items()))
+    if isinstance(value, slice):
+        return ("slice", value.start, value.stop, value.step)
+    try:
+        hash(value)
+    except TypeError:
+        return ("repr", repr(value))
+    return value
 
 
 def _returns_view(target: Any) -> bool:

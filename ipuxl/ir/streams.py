@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from ipuxl.dtypes import dtype_name
+from ipuxl.dtypes import check_supported, dtype_name, from_any
 from ipuxl.ir.context import gcg
 from ipuxl.ir.tensor import TensorSpec
 
@@ -47,17 +47,28 @@ class DeviceToHostStream(_Stream):
 
 def _new_stream(cls, shape: Sequence[int], dtype: torch.dtype, name: str | None):
     ir = gcg().ir
-    spec = TensorSpec(tuple(shape), dtype)
-    stream = cls(ir, spec, ir._unique_stream_name(name or cls.__name__.lower()))
+    stream_name = ir._unique_stream_name(name or cls.__name__.lower())
+    subject = f"{'h2d' if cls is HostToDeviceStream else 'd2h'}_stream '{stream_name}'"
+    torch_dtype = check_supported(from_any(dtype, subject, host_data=False), subject, host_data=False)
+    spec = TensorSpec(tuple(shape), torch_dtype)
+    stream = cls(ir, spec, stream_name)
     ir._streams.append(stream)
     return stream
 
 
 def h2d_stream(shape: Sequence[int], dtype: torch.dtype, name: str | None = None) -> HostToDeviceStream:
-    """Create a host-to-device stream of ``shape`` and ``dtype`` in the current IR."""
+    """Create a host-to-device stream of ``shape`` and ``dtype`` in the current IR.
+
+    Raises:
+        InvalidArgumentError: ``dtype`` is not one ipuxl supports (complex...).
+    """
     return _new_stream(HostToDeviceStream, shape, dtype, name)
 
 
 def d2h_stream(shape: Sequence[int], dtype: torch.dtype, name: str | None = None) -> DeviceToHostStream:
-    """Create a device-to-host stream of ``shape`` and ``dtype`` in the current IR."""
+    """Create a device-to-host stream of ``shape`` and ``dtype`` in the current IR.
+
+    Raises:
+        InvalidArgumentError: ``dtype`` is not one ipuxl supports (complex...).
+    """
     return _new_stream(DeviceToHostStream, shape, dtype, name)

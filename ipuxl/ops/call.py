@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 import torch
 import torch.fx as fx
 
-from ipuxl.capture.builder import _root, emit
+from ipuxl.capture.builder import _root, check_writable, emit
 from ipuxl.capture.graph_builder import constant
 from ipuxl.dtypes import dtype_name
 from ipuxl.errors import GraphContextError, InvalidArgumentError, ShapeMismatchError
@@ -96,6 +96,7 @@ class CallSiteInfo:
         index = next((i for i, t in enumerate(self._inputs) if t is parent_tensor), None)
         if index is None:
             self.parent_to_graph(parent_tensor)  # raises with the message
+        check_writable(self._parent, f"call of {self._graph.name}", [parent_tensor])
         _mark_by_ref(self._node, index, parent_tensor)
 
 
@@ -162,8 +163,11 @@ def _emit_call(op_name: str, target: CallTarget, parent: Graph, graph: Graph,
     node = handle.node
     node.meta["ipuxl_called_graph"] = graph
     info = CallSiteInfo(node, graph, parent, connected)
+    written = {w for n in graph.fx.nodes for w in n.meta.get("ipuxl_writes", ())}
     for i, t in enumerate(graph.inputs):
         if t.node.meta.get("ipuxl_by_ref"):
+            if t.node in written:  # the callee's write reaches the caller's tensor: never a constant
+                check_writable(parent, f"{op_name} of {graph.name}", [connected[i]])
             _mark_by_ref(node, i, connected[i])
     return info
 

@@ -39,13 +39,14 @@ without a floating-point input and output.
 from __future__ import annotations
 
 import operator
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 import torch
 import torch.fx as fx
 from torch._functorch.partitioners import default_partition
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from ipuxl.dtypes import dtype_name
 from ipuxl.errors import AutodiffError
 from ipuxl.ir.call_op import CallEntry
 from ipuxl.ir.context import user_source_line
@@ -202,7 +203,30 @@ def _select(graph: Graph, provided: Sequence[Tensor] | None,
             raise AutodiffError(f"autodiff of graph '{graph.name}': input '{t.name}' has dtype {t.dtype}, "
                                 "which has no gradient", where=user_source_line(),
                                 fix="list only floating-point inputs in grads_required")
-    return [t for t in outs if t.dtype.is_floating_point], ins
+    float_outs = [t for t in outs if t.dtype.is_floating_point]
+    if not float_outs:
+        _refuse_empty(graph, "outputs", provided is not None, outs)
+    if not ins and required is None:  # an explicit empty grads_required asks for no gradients
+        _refuse_empty(graph, "inputs", False, list(graph.inputs))
+    return float_outs, ins
+
+
+def _refuse_empty(graph: Graph, side: str, explicit: bool, tensors: list[Tensor]) -> NoReturn:
+    """Nothing to differentiate: say which side has no floating-point tensor, before tracing."""
+    listed = ", ".join(f"'{t.name}' ({dtype_name(t.dtype)})" for t in tensors) or "none"
+    if side == "outputs":
+        problem = (f"grads_provided holds no floating-point output (given: {listed})" if explicit else
+                   f"it has no floating-point outputs to take gradients of (outputs: {listed})")
+        fix = ("list floating-point outputs in grads_provided" if explicit else
+               "return a floating-point result (cast with ops.cast(t, ipuxl.float32)), or do not differentiate "
+               "this graph: integer and bool tensors have no gradient")
+    else:
+        problem = f"it has no floating-point inputs to differentiate with respect to (inputs: {listed})"
+        fix = ("make an input floating-point (cast it before the call with ops.cast(t, ipuxl.float32)), or do "
+               "not differentiate this graph: integer and bool tensors have no gradient")
+    line = user_source_line()
+    raise AutodiffError(f"autodiff of graph '{graph.name}': {problem}",
+                        where=f"{line}, graph '{graph.name}'" if line else f"graph '{graph.name}'", fix=fix)
 
 
 def _require_member(t: Tensor, members: Sequence[Tensor], graph: Graph, arg: str, what: str) -> None:
@@ -554,7 +578,7 @@ def _rewrite_forward(graph: Graph, fw: fx.GraphModule, n_fwd: int) -> list[tuple
         env[node] = fresh
         handle._node = fresh
         handles[fresh] = handle
-    copy_fx_body(fw, new, env, graph.constants, graph.ir)
+    copy_fx_body(fw, new, env, graph.constants, graph.ir, replaces=graph.fx)
     outputs = list(fw.graph.output_node().args[0])
     graph.fx = new
     graph._handles = handles

@@ -14,41 +14,49 @@ Under torchrun (``WORLD_SIZE`` = P > 1) each process feeds and gets back only it
 R / P replicas, as each PopTorch process does with PopRun; the weights read back
 are replica 0's.
 
-Weight sync follows PopTorch:
-
-* the device holds its own copy of the weights; after a training call the host
-  module is stale, and is refreshed lazily the first time the user reads its
-  parameters or buffers (``model.weight``, ``parameters()``, ``state_dict()``...):
-  the wrapper swaps each submodule's class for a subclass whose accessors pull
-  the device weights first;
-* an inference model over the same parameters (e.g. the inner module of a training
-  model) picks up trained weights before each call;
-* ``copyWeightsToHost`` / ``copyWeightsToDevice`` force either direction (host
-  changes reach the device only through ``copyWeightsToDevice``).
+Weights (``poptorch_compat.weights``, README "Weights and checkpoints"): on the CPU
+devices the host module's parameters and buffers are the device's storage, so the
+module always shows the trained weights; elsewhere the device holds a copy that
+reads of the module pull and host writes push, per tensor. The torch optimiser's
+``state_dict()``/``load_state_dict()`` read and write the device's optimiser state.
+A run that fails in step k keeps steps 1..k-1 (host and device agree; the error
+says so). A refused call (a shape that cannot be traced, a changed input dtype)
+leaves the compiled program and the weights as they were.
 """
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
 from ipuxl.capture.trace import TracedModule, seed_words, trace_module
-from ipuxl.device.session import Session
-from ipuxl.errors import BatchSizeError, DetachedError, InvalidArgumentError, OptionsError, TraceError
+from ipuxl.device.session import Session, device_for
+from ipuxl.dtypes import to_numpy_dtype
+from ipuxl.errors import (
+    AlreadyWrappedError, BatchSizeError, DetachedError, DeviceError, InvalidArgumentError, OptionsError,
+    StreamInputError, TraceError,
+)
 from ipuxl.ir.context import user_source_line
 from ipuxl.optim.translate import initial_state, translate, write_state
 from ipuxl.options import Options
 from ipuxl.passes.outline import outline_ir
 from ipuxl.device.replicas import world
 from ipuxl.poptorch_compat.program import Program, build_program, optimizer_structure, reduce_replicated_outputs
+from ipuxl.poptorch_compat.weights import (
+    HostSlots, install_optimizer_hooks, install_sync_hooks, named_tensors, remove_sync_hooks, to_numpy,
+)
 
 __all__ = ["PoplarExecutor", "trainingModel", "inferenceModel"]
 
 _LIVE: "weakref.WeakSet[PoplarExecutor]" = weakref.WeakSet()
 _GENERATION = [0]  # bumped when executors come or go (sharing caches are recomputed)
+
+
+def _bump_generation() -> None:
+    _GENERATION[0] += 1
 
 
 def trainingModel(model: torch.nn.Module, options: Options | None = None,  # noqa: N802 - PopTorch's name
@@ -67,6 +75,15 @@ def trainingModel(model: torch.nn.Module, options: Options | None = None,  # noq
             the last input of each call is the target, and the wrapper returns
             ``(output, loss)``.
     """
+    if isinstance(model, PoplarExecutor):
+        model = model._user_model
+    for other in list(_LIVE):
+        if other.training and not other._destroyed and other._user_model is model:
+            raise AlreadyWrappedError(
+                f"the module {type(model).__name__} has already been wrapped in ipuxl.trainingModel",
+                where=user_source_line(),
+                fix="call destroy() on the existing training model (it copies the weights back) before wrapping "
+                    "the module again, or keep using the existing one")
     if optimizer is None and any(p.requires_grad for p in model.parameters()):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     return PoplarExecutor(model, options, training=True, optimizer=optimizer, loss=loss)
@@ -109,47 +126,57 @@ class PoplarExecutor:
         self._plans = translate(optimizer, self._names) if training and optimizer is not None else []
         self._program: Program | None = None
         self._session: Session | None = None
+        self._slots: HostSlots | None = None  # where each parameter/buffer lives (see weights)
         self._key: tuple | None = None
         self._attached = False
         self._destroyed = False
-        self._device_newer = False  # device weights newer than the host module's
+        self._weights_newer = False  # device values of copied tensors not yet read back
+        self._states_newer = False  # device optimiser state not yet in the torch optimiser
+        self._optimizer_dirty = False  # optimizer.load_state_dict since the last run
         self._pulling = False  # copying to the host: reads of the host module must not pull again
         self.compile_count = 0
         self._unsynced_steps = 0  # optimiser steps on the device not yet in the host optimiser's state
         self._seed = _initial_seed(self.options)
-        _install_sync_hooks(self.model, self)
-        self._sharing: tuple[int, list[PoplarExecutor]] = (-1, [])
+        install_sync_hooks(self.model, self)
+        self._hooks = install_optimizer_hooks(optimizer, self) if optimizer is not None else []
+        self._sharing: tuple[int, list[weakref.ref]] = (-1, [])
         _LIVE.add(self)
-        _GENERATION[0] += 1
+        _bump_generation()
+        weakref.finalize(self, _bump_generation)
 
     # -- calling ------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self._require_usable("call the model")
-        micro, stacked = self._split(args, kwargs)
+        micro, stacked, tensors = self._split(args, kwargs)
         self._ensure_program(micro)
         if not self._attached:
             raise DetachedError(f"the {self._kind} model is detached from its device",
                                 where=user_source_line(), fix="call model.attachToDevice() before running it")
-        self._refresh_from_trainers()
+        self._sync_before_run()
         program = self._program
-        results = self._session.run(dict(zip(program.inputs, stacked)))
-        if self.training:
-            self._device_newer = True
-            self._unsynced_steps += self.options.device_iterations
+        try:
+            results = self._session.run(dict(zip(program.inputs, stacked)))
+        except DeviceError as exc:
+            if exc.steps_applied is not None:  # steps ran: the device keeps them (see Session.run)
+                self._after_run(exc.steps_applied, partial=True)
+            raise
+        self._after_run(self.options.device_iterations)
+        self._update_inputs(results, tensors)
         return self._outputs(results)
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Trace and compile for these inputs without running (PopTorch's ``compile``)."""
         self._require_usable("compile the model")
-        micro, _ = self._split(args, kwargs)
+        micro, _, _ = self._split(args, kwargs)
         self._ensure_program(micro)
 
     @property
     def _kind(self) -> str:
         return "training" if self.training else "inference"
 
-    def _split(self, args: tuple, kwargs: dict) -> tuple[tuple, list[torch.Tensor]]:
-        """Validate the combined batch; return micro-batch example args and stream data.
+    def _split(self, args: tuple, kwargs: dict) -> tuple[tuple, list[torch.Tensor], list[torch.Tensor]]:
+        """Validate the combined batch; return micro-batch example args, stream data and
+        the call's tensors.
 
         The combined batch's first dimension is laid out as PopTorch/PopART lay out
         host data: ``[deviceIterations, gradientAccumulation, replicas, micro-batch]``
@@ -166,7 +193,7 @@ class PoplarExecutor:
         n = opts.device_iterations
         factor = n * accumulation * replicas
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        micro_leaves, stacked = [], []
+        micro_leaves, stacked, tensors = [], [], []
         for leaf in leaves:
             if not isinstance(leaf, torch.Tensor):
                 micro_leaves.append(leaf)
@@ -189,7 +216,8 @@ class PoplarExecutor:
                 data = data.reshape(n, accumulation, replicas, micro, *rest).transpose(1, 2)
             host_shape = tuple(d for d in (n, replicas) if d > 1) + (accumulation * micro, *rest)
             stacked.append(data.reshape(host_shape))
-        return (tuple(micro_leaves), spec), stacked
+            tensors.append(leaf)
+        return (tuple(micro_leaves), spec), stacked, tensors
 
     def _replicas_here(self) -> int:
         """The replicas this process feeds (all of them unless under torchrun)."""
@@ -237,50 +265,92 @@ class PoplarExecutor:
         flat = reduce_replicated_outputs(per_output, mode, self.options.output_return_period)
         return pytree.tree_unflatten(flat, program.traced.out_spec)
 
+    def _update_inputs(self, results: dict, tensors: list[torch.Tensor]) -> None:
+        """Write the new values of inputs that ``forward`` changed in place into the
+        caller's tensors, every micro-batch in its place of the combined batch (as
+        eager ``forward`` on each micro-batch's slice would)."""
+        program = self._program
+        if not program.input_updates:
+            return
+        n, replicas = self.options.device_iterations, self.options.replication_factor
+        first, last = self._local_replica_range()
+        for index, streams in program.input_updates:
+            parts = [torch.from_numpy(results[s]).reshape(n, replicas, *s.shape)[:, first:last] for s in streams]
+            target = tensors[index]
+            with torch.no_grad():
+                target.copy_(torch.stack(parts, 1).reshape(target.shape))
+
     # -- compiling ------------------------------------------------------------------------
     def _ensure_program(self, micro: tuple) -> None:
         opts = self.options
         key = micro  # the micro-batch leaves (shapes, dtypes, static values) and structure
         if self._program is not None and key == self._key:
             return
-        if self._program is not None and opts.static_shapes:
-            raise TraceError(
-                f"the {self._kind} model was compiled for inputs {_describe(self._key)}, got {_describe(key)}",
-                where=user_source_line(),
-                fix="keep input shapes and dtypes fixed (e.g. drop_last=True in the DataLoader), or "
-                    "leave Options.staticShapes off to recompile on a change")
+        if self._program is not None:
+            self._check_same_dtypes(key)
+            if opts.static_shapes:
+                raise TraceError(
+                    f"the {self._kind} model was compiled for inputs {_describe(self._key)}, got {_describe(key)}",
+                    where=user_source_line(),
+                    fix="keep input shapes and dtypes fixed (e.g. drop_last=True in the DataLoader), or "
+                        "leave Options.staticShapes off to recompile on a change")
         self._rebuild(micro, key)
 
-    def _rebuild(self, micro: tuple | None = None, key: tuple | None = None) -> None:
-        """(Re)compile, carrying weights, optimiser state and seed over from a previous program."""
-        states: dict[tuple[str, str], np.ndarray] = {}
-        if self._program is not None:
-            self._pull_weights_if_newer()
-            states = self._device_states()
-            self._seed = self._device_seed()
-            self._close_session()
-        elif self.training:
-            params = _params_by_name(self.model)
-            for plan in self._plans:
-                param = params[plan.name]
-                for state, value in initial_state(self.optimizer, param, plan).items():
-                    states[(plan.name, state)] = value.detach().cpu().numpy()
+    def _check_same_dtypes(self, key: tuple) -> None:
+        """Refuse an input whose dtype differs from the compiled program's (PopTorch does too)."""
+        old_leaves, new_leaves = self._key[0], key[0]
+        if key[1] != self._key[1] or len(old_leaves) != len(new_leaves):
+            return
+        names = iter(self._program.traced.input_names)
+        for old, new in zip(old_leaves, new_leaves):
+            if not isinstance(old, _MicroBatch):
+                continue
+            name = next(names)
+            if isinstance(new, _MicroBatch) and new.dtype != old.dtype:
+                want = str(old.dtype).replace("torch.", "")
+                raise StreamInputError(
+                    f"{self._kind} model input '{name}' has dtype {str(new.dtype).replace('torch.', '')}; the model "
+                    f"was compiled for {want} (its first call)", where=user_source_line(),
+                    fix=f"convert the input, e.g. {name}.to(torch.{want}), or destroy() this model and wrap the "
+                        "module again to compile it for the new dtype")
+
+    def _rebuild(self, micro: tuple | None = None, key: tuple | None = None, *,
+                 states_from_optimizer: bool = False) -> None:
+        """(Re)compile, carrying weights, optimiser state and seed over from a previous program.
+
+        The new program and session are built before the old ones are released, so a
+        refused trace (or any failure while building) leaves the model as it was."""
         if micro is None:
             micro, key = self._traced_micro, self._key
-        self._refresh_from_trainers()
+        if self._optimizer_dirty:  # a loaded optimizer state dict: its hyperparameters and state
+            self._plans = translate(self.optimizer, self._names)
+            states_from_optimizer = True
+        if self._program is not None:
+            self._pull_weights_if_newer()
+            states = self._optimizer_states() if states_from_optimizer else self._device_states()
+            seed = self._device_seed()
+        else:
+            states = self._optimizer_states() if self.training else {}
+            seed = self._seed
+        self._sync_shared_weights()
         traced = self._trace(micro)
-        values = {n: _to_numpy(t) for n, t in _named_tensors(self.model)}
+        values = {n: to_numpy(t) for n, t in named_tensors(self.model)}
         program = build_program(traced, training=self.training, device_iterations=self.options.device_iterations,
                                  micro_batches=self.options.gradient_accumulation if self.training else 1,
-                                 values=values, plans=self._trainable_plans(), states=states, seed=self._seed,
+                                 values=values, plans=self._trainable_plans(), states=states, seed=seed,
                                  replication=self.options.replication_factor)
         if self.options.auto_outline:
             outline_ir(program.ir)
+        device = device_for(self.options.device_type)
+        slots = HostSlots(self.model, {**program.params, **program.buffers}, device=device,
+                          bind=self._replicas_here() == 1)
+        session = Session(program.ir, self.options.device_type, storage=slots.storage())
+        session.__enter__()
         self.options._freeze()
-        self._session = Session(program.ir, self.options.device_type)
-        self._session.__enter__()
-        self._attached = True
-        self._program, self._key, self._traced_micro = program, key, micro
+        self._close_session()
+        self._session, self._slots, self._attached = session, slots, True
+        self._program, self._key, self._traced_micro, self._seed = program, key, micro, seed
+        self._weights_newer = self._states_newer = self._optimizer_dirty = False
         self.compile_count += 1
 
     def _trainable_plans(self) -> list:
@@ -302,32 +372,24 @@ class PoplarExecutor:
         self._attached = False
 
     # -- weights ------------------------------------------------------------------------
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The wrapped module's ``state_dict()``, with the device's current weights."""
+        return self._user_model.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """Load weights into the wrapped module and the device (PopTorch's ``load_state_dict``)."""
+        result = self._user_model.load_state_dict(state_dict, strict=strict, assign=assign)
+        if self._program is not None and self._attached:
+            self._push_host_writes()
+        return result
+
     def copyWeightsToHost(self) -> None:  # noqa: N802 - PopTorch's name
         """Copy the device's weights and buffers (and optimiser state) into the host module."""
         self._require_usable("copy weights to the host")
         if self._program is None:
             return
         self._require_attached("copyWeightsToHost")
-        program = self._program
-        tensors = {**program.params, **program.buffers}
-        data = self._session.get_tensors_data(list(tensors.values()))
-        self._device_newer = False
-        with torch.no_grad():
-            for name, host in _named_tensors(self.model):
-                if name in tensors:
-                    host.copy_(torch.from_numpy(np.array(data[tensors[name]])))
-        if self.training and self.optimizer is not None:
-            states = self._device_states()
-            params = _params_by_name(self.model)
-            by_param: dict[str, dict[str, torch.Tensor]] = {}
-            for (p, s), v in states.items():
-                by_param.setdefault(p, {})[s] = torch.from_numpy(v)
-            for plan in self._plans:
-                mine = by_param.get(plan.name)
-                if mine:
-                    write_state(self.optimizer, params[plan.name], plan, mine,
-                                steps_taken=self._unsynced_steps)
-            self._unsynced_steps = 0
+        self._pull(keep_host_writes=False)
 
     def copyWeightsToDevice(self) -> None:  # noqa: N802
         """Copy the host module's weights and buffers to the device."""
@@ -335,38 +397,91 @@ class PoplarExecutor:
         if self._program is None:
             return
         self._require_attached("copyWeightsToDevice")
-        program = self._program
-        tensors = {**program.params, **program.buffers}
-        self._session.write_variables_data(
-            {tensors[n]: _to_numpy(t) for n, t in _named_tensors(self.model) if n in tensors})
-        self._device_newer = False
+        self._slots.host_writes()  # picks up replaced tensors
+        self._slots.push(self._session)
+        self._weights_newer = False
+
+    def _pull(self, *, keep_host_writes: bool) -> None:
+        """Device -> host: copied weights, then the optimiser state."""
+        self._pulling = True
+        try:
+            self._slots.pull(self._session, keep_host_writes=keep_host_writes)
+            self._weights_newer = False
+            self._pull_states()
+        finally:
+            self._pulling = False
 
     def _pull_weights_if_newer(self) -> None:
-        if self._device_newer and self._attached and not self._pulling:
+        """Before the host module is read: copy newer device weights back."""
+        if self._weights_newer and self._attached and not self._pulling:
             self._pulling = True
             try:
-                self.copyWeightsToHost()
+                self._slots.pull(self._session)
+                self._weights_newer = False
             finally:
                 self._pulling = False
 
-    def _sharing_executors(self) -> list["PoplarExecutor"]:
-        """The other live models holding any of this model's parameters or buffers."""
+    def _pull_states(self) -> None:
+        """Put the device's optimiser state into the torch optimiser (``optimizer.state``)."""
+        if not (self._states_newer and self._attached and self.training and self.optimizer is not None):
+            return
+        params = _params_by_name(self.model)
+        by_param: dict[str, dict[str, torch.Tensor]] = {}
+        for (p, s), v in self._device_states().items():
+            by_param.setdefault(p, {})[s] = torch.from_numpy(v)
+        for plan in self._plans:
+            mine = by_param.get(plan.name)
+            if mine:
+                write_state(self.optimizer, params[plan.name], plan, mine, steps_taken=self._unsynced_steps)
+        self._unsynced_steps = 0
+        self._states_newer = False
+
+    def _pull_state_if_newer(self) -> None:
+        """Before ``optimizer.state_dict()``: the device's optimiser state."""
+        if not self._pulling:
+            self._pulling = True
+            try:
+                self._pull_states()
+            finally:
+                self._pulling = False
+
+    def _push_host_writes(self) -> None:
+        """Host tensors written since the last sync go to the device (copied ones; bound
+        ones are the device storage already)."""
+        changed = self._slots.host_writes()
+        if changed:
+            self._slots.push(self._session, changed)
+
+    def _sync_shared_weights(self) -> None:
+        """Other models holding these tensors put their newer device values on the host."""
+        for ref in self._sharing_executors():
+            other = ref()
+            if other is not None:
+                other._pull_weights_if_newer()
+
+    def _sync_before_run(self) -> None:
+        self._sync_shared_weights()
+        if self._optimizer_dirty:
+            self._push_optimizer()
+        self._push_host_writes()
+
+    def _after_run(self, steps: int, *, partial: bool = False) -> None:
+        """A run applied ``steps`` device iterations (``partial``: an unknown part of one more)."""
+        program = self._program
+        if program.writes_variables and (steps or partial):
+            self._weights_newer = bool(self._slots.copied)
+            self._states_newer = bool(program.states)
+        if self.training:
+            self._unsynced_steps += steps
+
+    def _sharing_executors(self) -> list[weakref.ref]:
+        """The other live models holding any of this model's parameters or buffers (weakly)."""
         if self._sharing[0] != _GENERATION[0]:
-            mine = {id(t) for _, t in _named_tensors(self.model)}
-            others = [other for other in list(_LIVE) if other is not self
-                      and mine & {id(t) for _, t in _named_tensors(other.model)}]
+            mine = {id(t) for _, t in named_tensors(self.model)}
+            others = [weakref.ref(other) for other in list(_LIVE) if other is not self and not other._destroyed
+                      and mine & {id(t) for _, t in named_tensors(other.model)}]
             self._sharing = (_GENERATION[0], others)
         return self._sharing[1]
-
-    def _refresh_from_trainers(self) -> None:
-        """Before reading host weights: pull newer weights of other models sharing them."""
-        changed = False
-        for other in self._sharing_executors():
-            if other._device_newer:
-                other._pull_weights_if_newer()
-                changed = True
-        if changed and self._program is not None and self._attached:
-            self.copyWeightsToDevice()
 
     def _device_states(self) -> dict[tuple[str, str], np.ndarray]:
         program = self._program
@@ -374,6 +489,17 @@ class PoplarExecutor:
             return {}
         data = self._session.get_tensors_data(list(program.states.values()))
         return {key: np.array(data[var]) for key, var in program.states.items()}
+
+    def _optimizer_states(self) -> dict[tuple[str, str], np.ndarray]:
+        """The torch optimiser's state, as the rules' states (``{(param, state): array}``)."""
+        if self.optimizer is None:
+            return {}
+        params = _params_by_name(self.model)
+        states: dict[tuple[str, str], np.ndarray] = {}
+        for plan in self._plans:
+            for state, value in initial_state(self.optimizer, params[plan.name], plan).items():
+                states[(plan.name, state)] = value.detach().cpu().numpy()
+        return states
 
     def _device_seed(self) -> np.ndarray:
         program = self._program
@@ -395,18 +521,42 @@ class PoplarExecutor:
             raise InvalidArgumentError("setOptimizer on an inference model", where=user_source_line(),
                                        fix="only training models have an optimizer")
         plans = translate(optimizer, self._names)
+        if optimizer is not self.optimizer:
+            self._pull_state_if_newer()
+            for handle in self._hooks:
+                handle.remove()
+            self._hooks = install_optimizer_hooks(optimizer, self)
         self.optimizer = optimizer
+        self._apply_plans(plans)
+
+    def _apply_plans(self, plans: list, *, states_from_optimizer: bool = False) -> None:
         old, self._plans = self._plans, plans
         if self._program is None:
             return
-        if optimizer_structure(plans) == optimizer_structure(old):
-            self._require_attached("setOptimizer")
-            lrs = {}
-            for plan in plans:
-                lrs[self._program.learning_rates[plan.group]] = np.float32(plan.hypers["lr"])
-            self._session.write_variables_data({var: np.asarray(v, np.float32) for var, v in lrs.items()})
-        else:
-            self._rebuild()
+        if optimizer_structure(plans) != optimizer_structure(old):
+            self._rebuild(states_from_optimizer=states_from_optimizer)
+            return
+        self._require_attached("setOptimizer")
+        lrs = {self._program.learning_rates[plan.group]: np.float32(plan.hypers["lr"]) for plan in plans}
+        updates = {var: np.asarray(v, np.float32) for var, v in lrs.items()}
+        if states_from_optimizer:
+            states = self._optimizer_states()
+            for (name, state), var in self._program.states.items():
+                value = states.get((name, state))
+                dtype = to_numpy_dtype(var.dtype)
+                updates[var] = (np.zeros(var.shape, dtype) if value is None
+                                else np.asarray(value, dtype).reshape(var.shape))
+        self._session.write_variables_data(updates)
+
+    def _optimizer_loaded(self) -> None:
+        """``optimizer.load_state_dict`` ran: its state and hyperparameters win over the device's."""
+        self._optimizer_dirty = True
+        self._states_newer = False
+        self._unsynced_steps = 0
+
+    def _push_optimizer(self) -> None:
+        self._optimizer_dirty = False
+        self._apply_plans(translate(self.optimizer, self._names), states_from_optimizer=True)
 
     # -- device ---------------------------------------------------------------------------
     def detachFromDevice(self) -> None:  # noqa: N802
@@ -415,7 +565,7 @@ class PoplarExecutor:
         if not self._attached:
             raise DetachedError(f"the {self._kind} model is not attached to a device", where=user_source_line(),
                                 fix="only detach an attached (compiled) model")
-        self._pull_weights_if_newer()
+        self._pull(keep_host_writes=True)
         self._attached = False
 
     def attachToDevice(self) -> None:  # noqa: N802
@@ -448,13 +598,16 @@ class PoplarExecutor:
         """Copy weights to the host, then release the program; the wrapper can no longer be used."""
         if self._destroyed:
             return
-        self._pull_weights_if_newer()
+        if self._program is not None and self._attached:
+            self._pull(keep_host_writes=True)
         self._close_session()
-        self._program = None
+        self._program = self._slots = None
         self._destroyed = True
         _LIVE.discard(self)
-        _GENERATION[0] += 1
-        _remove_sync_hooks(self.model, self)
+        _bump_generation()
+        remove_sync_hooks(self.model, self)
+        for handle in self._hooks:
+            handle.remove()
 
     def _require_usable(self, what: str) -> None:
         if self._destroyed:
@@ -511,84 +664,5 @@ def _describe(key: tuple | None) -> str:
                      else repr(v) for v in key[0])
 
 
-def _named_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Parameters then buffers, read without triggering the sync hooks."""
-    yield from torch.nn.Module.named_parameters(model)
-    yield from torch.nn.Module.named_buffers(model)
-
-
 def _params_by_name(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return dict(torch.nn.Module.named_parameters(model))
-
-
-def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().cpu()
-    return (t.float() if t.dtype == torch.bfloat16 else t).numpy().copy()
-
-
-# -- lazy host sync -------------------------------------------------------------------------
-_SYNCED_CLASSES: dict[type, type] = {}
-
-
-def _install_sync_hooks(model: torch.nn.Module, executor: PoplarExecutor) -> None:
-    """Make every submodule pull newer device weights before its parameters are read."""
-    for module in torch.nn.Module.modules(model):
-        cls = type(module)
-        if not getattr(cls, "_ipuxl_synced", False):
-            module.__class__ = _synced_class(cls)
-        # Strong references: the executor (and the newer weights on its device) lives
-        # as long as the module does, or until destroy().
-        module.__dict__.setdefault("_ipuxl_executors", []).append(executor)
-
-
-def _remove_sync_hooks(model: torch.nn.Module, executor: PoplarExecutor) -> None:
-    for module in torch.nn.Module.modules(model):
-        executors = module.__dict__.get("_ipuxl_executors", [])
-        if executor in executors:
-            executors.remove(executor)
-
-
-def _pull(module: torch.nn.Module) -> None:
-    for executor in module.__dict__.get("_ipuxl_executors", ()):
-        if executor._device_newer:
-            executor._pull_weights_if_newer()
-
-
-def _synced_class(cls: type) -> type:
-    if cls in _SYNCED_CLASSES:
-        return _SYNCED_CLASSES[cls]
-
-    def __getattr__(self, name):  # noqa: N807
-        if name in self.__dict__.get("_parameters", {}) or name in self.__dict__.get("_buffers", {}):
-            _pull(self)
-        return cls.__getattr__(self, name)
-
-    def named_parameters(self, *args, **kwargs):
-        _pull(self)
-        return cls.named_parameters(self, *args, **kwargs)
-
-    def named_buffers(self, *args, **kwargs):
-        _pull(self)
-        return cls.named_buffers(self, *args, **kwargs)
-
-    def state_dict(self, *args, **kwargs):
-        _pull(self)
-        return cls.state_dict(self, *args, **kwargs)
-
-    def __reduce_ex__(self, protocol):  # pickle as the user's own class
-        state = dict(self.__dict__)
-        state.pop("_ipuxl_executors", None)
-        return (_rebuild_plain, (cls, state))
-
-    synced = type(cls.__name__, (cls,), {
-        "__getattr__": __getattr__, "named_parameters": named_parameters, "named_buffers": named_buffers,
-        "state_dict": state_dict, "__reduce_ex__": __reduce_ex__, "_ipuxl_synced": True,
-        "__module__": cls.__module__, "__qualname__": cls.__qualname__})
-    _SYNCED_CLASSES[cls] = synced
-    return synced
-
-
-def _rebuild_plain(cls: type, state: dict) -> torch.nn.Module:
-    module = cls.__new__(cls)
-    module.__dict__.update(state)
-    return module

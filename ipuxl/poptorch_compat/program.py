@@ -14,8 +14,10 @@ A training program is what a PopXL user would write by hand for the same model:
   in place, with each param group's learning rate a variable so that
   ``setOptimizer`` changes it without recompiling.
 
-An inference program loads the batch, calls the eval-mode forward and stores its
-outputs. Output modes (All/Final/Sum/EveryN) are applied on the host to the
+An inference program loads the batch, calls the eval-mode forward, writes back the
+buffers it updates and stores its outputs. In both, a tensor input that forward
+changes in place gets a device-to-host stream per micro-batch with its new value
+(``Program.input_updates``), which the executor copies into the caller's tensor. Output modes (All/Final/Sum/EveryN) are applied on the host to the
 per-micro-batch results (``reduce_outputs``).
 
 With ``replicationFactor(R)`` the IR is an ``Ir(replication=R)``: every replica runs
@@ -74,6 +76,13 @@ class Program:
     seed: Variable | None = None
     structure: tuple = ()
     replication: int = 1
+    # the call's tensor inputs written in place: (input position, [stream per micro-batch g])
+    input_updates: list[tuple[int, list[DeviceToHostStream]]] = field(default_factory=list)
+
+    @property
+    def writes_variables(self) -> bool:
+        """Whether a run changes variables (weights, buffers, optimiser state, seed)."""
+        return self.training or bool(self.traced.mutated) or self.seed is not None
 
 
 def optimizer_structure(plans: list[Any]) -> tuple:
@@ -124,8 +133,13 @@ def build_program(traced: TracedModule, *, training: bool, device_iterations: in
             stream = h2d_stream((g_count * spec.shape[0], *spec.shape[1:]), spec.dtype, name)
             program.inputs.append(stream)
             loaded.append(host_load(stream, name))
-        program.outputs = [[d2h_stream(spec.shape, spec.dtype, f"output{j}" + (f"_mb{g}" if g_count > 1 else ""))
-                            for g in range(g_count)] for j, spec in enumerate(traced.output_specs)]
+        suffix = [f"_mb{g}" if g_count > 1 else "" for g in range(g_count)]
+        program.outputs = [[d2h_stream(spec.shape, spec.dtype, f"output{j}{suffix[g]}") for g in range(g_count)]
+                           for j, spec in enumerate(traced.output_specs)]
+        program.input_updates = [
+            (i, [d2h_stream(traced.input_specs[i].shape, traced.input_specs[i].dtype,
+                            f"{traced.input_names[i]}.new{suffix[g]}") for g in range(g_count)])
+            for i in traced.mutated_inputs]
         seeds = _step_seeds(program.seed, g_count)
         if training:  # the loss gradient: the loss scaling (1 without), once for all micro-batches
             scaling = plans[0].loss_scaling if plans else 1.0
@@ -141,11 +155,14 @@ def build_program(traced: TracedModule, *, training: bool, device_iterations: in
             if training:
                 grads = call(grad_info.graph, loss_grad, inputs_dict=grad_info.inputs_dict(info)) if trained else ()
                 grad_sums = list(grads) if g == 0 else [a + b for a, b in zip(grad_sums, grads)]
-                for k, name in enumerate(traced.mutated):
-                    target = program.params.get(name, program.buffers.get(name))
-                    copy_var_update_(target, outs[traced.n_outputs + k])
+            for k, name in enumerate(traced.mutated):  # buffers updated in forward persist, as in eager
+                target = program.params.get(name, program.buffers.get(name))
+                copy_var_update_(target, outs[traced.n_outputs + k])
             for j in range(traced.n_outputs):
                 host_store(program.outputs[j][g], outs[j])
+            first_update = traced.n_outputs + len(traced.mutated)
+            for k, (_, streams) in enumerate(program.input_updates):
+                host_store(streams[g], outs[first_update + k])
         if training and trained and replication > 1:
             # Data parallelism: every replica applies the mean of all replicas' gradients.
             grad_sums = [replicated_all_reduce(g, op="mean") for g in grad_sums]
@@ -155,18 +172,31 @@ def build_program(traced: TracedModule, *, training: bool, device_iterations: in
 
 
 def _trained_params(traced: TracedModule, fwd: Any, plans: list[Any], inputs: dict[str, Tensor]) -> list[str]:
-    """Parameters the optimiser holds that the loss depends on (torch skips grad-less ones)."""
+    """Parameters the optimiser holds whose gradient eager autograd would give: the loss
+    reaches them through floating-point values, not through a ``detach`` (``.detach()``,
+    ``torch.no_grad()``...: see ``capture.grad_mode``). torch.optim skips the others."""
     loss_node = fwd.outputs[traced.loss_index].node
     ancestors: set[fx.Node] = set()
     stack = [loss_node]
     while stack:
         node = stack.pop()
-        if node not in ancestors:
-            ancestors.add(node)
-            stack.extend(node.all_input_nodes)
+        if node in ancestors:
+            continue
+        ancestors.add(node)
+        if node.op == "call_function" and node.target is torch.ops.aten.detach.default:
+            continue
+        stack.extend(n for n in node.all_input_nodes if _carries_gradient(n))
     held = {p.name for p in plans}
     return [name for name in traced.params if name in held and inputs[name].node in ancestors
             and inputs[name].dtype.is_floating_point]
+
+
+def _carries_gradient(node: fx.Node) -> bool:
+    """A node whose value can carry a gradient: floating point (or a call's tuple of outputs)."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return val.dtype.is_floating_point or val.dtype.is_complex
+    return True
 
 
 def per_replica_seeds(seed: np.ndarray, replication: int) -> np.ndarray:

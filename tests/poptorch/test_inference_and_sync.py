@@ -98,21 +98,20 @@ def test_host_weights_refresh_lazily_and_copy_to_device():
     eager_steps(ref, torch.optim.SGD(ref.parameters(), lr=0.1), x, y, 4)
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, **TOL)
-    # host -> device: only through copyWeightsToDevice
-    with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-    out, _ = training(x[:4].repeat(2, 1), y[:4].repeat(2))
-    assert out.abs().sum() > 0  # device weights untouched by the host edit
-    with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-    training.copyWeightsToDevice()
-    out, _ = training(x[:4].repeat(2, 1), y[:4].repeat(2))
-    # zero weights on the device: fc1 gives 0, so fc2.weight gets no gradient and every
-    # row is fc2.bias after one SGD step: -lr * (mean softmax - onehot) summed over the batch
-    torch.testing.assert_close(out, out[0].expand_as(out), rtol=0, atol=0)
-    assert out[0].abs().sum() > 0
+    # host -> device: host edits reach the device before the next call (copyWeightsToDevice
+    # forces it now)
+    for copy_now in (False, True):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+        if copy_now:
+            training.copyWeightsToDevice()
+        out, _ = training(x[:4].repeat(2, 1), y[:4].repeat(2))
+        # zero weights on the device: step 1 outputs 0; fc1 gives 0, so fc2.weight gets no
+        # gradient and in step 2 every row is fc2.bias after one SGD step
+        assert out.abs().sum() > 0
+        torch.testing.assert_close(out, out[0].expand_as(out), rtol=0, atol=0)
+        torch.testing.assert_close(model.fc1.weight, torch.zeros_like(model.fc1.weight), rtol=0, atol=0)
     assert training.compile_count == 1
 
 

@@ -1,0 +1,257 @@
+"""Why a device program failed: the op, the user's line, the state it left, a fix.
+
+Only on the failure path (the per-step loop of ``Session._steps`` stays a plain loop
+of calls): the failed step alone is run again through ``torch.fx.Interpreter`` on
+copies of the variables (``_Rerun``), stepping into called compiled graphs, and the
+node that raises names the op and the user's source line recorded when it was built.
+The copies' version counters tell which variables the step had already written.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ipuxl.device.replicas import replica_alone
+from ipuxl.dtypes import dtype_name, to_numpy_dtype
+from ipuxl.errors import DeviceError
+from ipuxl.ir.lower import RepeatTarget, run_repeat
+from ipuxl.ir.streams import HostToDeviceStream
+
+if TYPE_CHECKING:
+    from ipuxl.device.session import Session
+
+__all__ = ["StepFailure", "step_error"]
+
+
+def step_error(session: "Session", failure: "StepFailure") -> DeviceError:
+    """The DeviceError for a failed step: the op and user line (by re-running the step),
+    the steps kept, and a fix that fits the torch error."""
+    n, k = session._built.steps, failure.step + 1
+    replica = session._plan.local[failure.index]
+    replica_part = f", replica {replica} of {session._built.replicas}" if session._comm is not None else ""
+    cause = (str(failure.exc).splitlines() or [type(failure.exc).__name__])[0]
+    found = _rerun_failed_step(session, failure)
+    applied = min(session._progress)
+    state = _kept_state(session, failure, applied, found.updated if found is not None else None)
+    if found is None:  # the step did not fail again (non-deterministic), or was not re-run
+        late = ("; CUDA reports kernel errors late, so the step may be wrong too: run with "
+                "CUDA_LAUNCH_BLOCKING=1 or on 'cpu' to find the op") if _is_async_cuda_error(failure.exc) else ""
+        return DeviceError(
+            f"the device program failed in step {k} of {n}{replica_part}: {cause}\n{state}",
+            where=f"main program of {session.ir!r} (see session.code)",
+            fix=f"check the data fed to the program (e.g. label or gather indices in range){late}",
+            steps_applied=applied, step=k)
+    graph = (f"graph '{found.path[-1].meta['ipuxl_called_graph'].name}' (called from the main program)"
+             if found.path else "the main program")
+    location = f"node '{found.node.name}' of {graph}; session.code shows the main program"
+    at = f" at op '{found.op}'" + (f" (from {found.source})" if found.source else "")
+    return DeviceError(
+        f"the device program failed in step {k} of {n}{replica_part}{at}: {cause}\n{state}",
+        where=f"{found.source} ({location})" if found.source else location,
+        fix=_fix_for(session, found, failure), steps_applied=applied, step=k, failed_op=found.op,
+        source=found.source)
+
+def _kept_state(session: "Session", failure: "StepFailure", applied: int, updated: list[str] | None) -> str:
+    """What the failed run left on the device, in words."""
+    k = failure.step + 1
+    if applied == 0:
+        state = "  no step of this run completed: the variables hold their values from before it"
+    else:
+        steps = "step 1 was" if applied == 1 else f"steps 1-{applied} were"
+        state = (f"  {steps} applied and kept: the variables now hold their values after step {applied} "
+                 "(weights and optimiser state included: reading them shows these values, and the next run "
+                 "continues from them)")
+    ahead = [(r, p) for r, p in zip(session._plan.local, session._progress) if p > applied]
+    if ahead:
+        state += "; " + ", ".join(f"replica {r} had completed {p} steps" for r, p in ahead)
+    if updated:
+        names = ", ".join(f"'{v}'" for v in updated)
+        state += (f"\n  step {k} had already updated {names} in place before the failing op: "
+                  f"{'that variable holds' if len(updated) == 1 else 'those variables hold'} that update too")
+    return state
+
+def _rerun_failed_step(session: "Session", failure: "StepFailure") -> "_OpFailed | None":
+    """Run the failed step again, node by node, on copies of the variables: the op
+    that raises (None when the step now passes, or fails outside any op)."""
+    if _is_async_cuda_error(failure.exc):  # the CUDA context is broken: any op would fail now
+        return None
+    module = session._modules[failure.index]
+    variables = {session._attr(t): t.name for t in session._records}
+    shared = _RerunState(session, {a: getattr(module, a).clone() for a in variables if hasattr(module, a)},
+                         variables)
+    args = [a.clone() if isinstance(a, torch.Tensor) else a for a in failure.step_args]
+    alone = (replica_alone(session._built.replicas, session._plan.local[failure.index]) if session._comm is not None
+             else contextlib.nullcontext())
+    try:
+        with alone, torch.no_grad():
+            shared.rerun(module, ()).run(*args)
+    except _OpFailed as found:
+        found.updated = shared.updated()
+        return found
+    except Exception:  # noqa: BLE001 - outside any op: report what the step raised
+        return None
+    return None
+
+def _repeat_count(session: "Session", node: torch.fx.Node) -> int | None:
+    """The count of the IR ``repeat`` that lowered ``node``, found by its op id."""
+    op_id = node.meta.get("ipuxl_op_id")
+    for graph in session.ir.graphs:
+        for ir_node in graph.fx.nodes:
+            if isinstance(ir_node.target, RepeatTarget) and ir_node.meta.get("ipuxl_op_id") == op_id:
+                return ir_node.target.count
+    return None
+
+def _fix_for(session: "Session", found: "_OpFailed", failure: "StepFailure") -> str:
+    """How to fix it, from the torch error and the streams the failing op reads."""
+    message, k = str(found.exc), failure.step + 1
+    streams = _streams_feeding(session, found, failure)
+    if isinstance(found.exc, IndexError) or re.search(r"out of (range|bounds)|index \S+ is out", message, re.I):
+        ints = [(s, t) for s, t in streams if not (t.is_floating_point() or t.is_complex())]
+        if not ints:
+            return ("check the indices op '{}' reads (labels or gather indices): keep indices in range of the "
+                    "dimension they index".format(found.op))
+        fed = ", ".join(f"'{s.name}'" + (f" (step {k} has values {t.min().item()} to {t.max().item()})"
+                                         if t.numel() else "") for s, t in ints)
+        return (f"check the labels / gather indices fed to stream {fed}: keep indices in range of the "
+                "dimension they index")
+    if re.search(r"expected scalar type|must have the same dtype|Double|Long", message):
+        dtypes = sorted({t.dtype for t in found.tensors()}, key=dtype_name)
+        got = f"op '{found.op}' got inputs of dtypes {', '.join(dtype_name(d) for d in dtypes)}"
+        if not streams:
+            return f"{got}: ops.cast them to one dtype where the program builds them"
+        stream = streams[0][0]
+        others = [d for d in dtypes if d != stream.dtype]
+        if len(others) != 1:
+            return (f"the data of stream '{stream.name}' has dtype {dtype_name(stream.dtype)} and {got}: "
+                    "convert the data to the dtype the op needs, or ops.cast it in the program")
+        need = others[0]
+        return (f"the data of stream '{stream.name}' has dtype {dtype_name(stream.dtype)}, {got}: convert it "
+                f"to {dtype_name(need)} (create the stream with that dtype and feed "
+                f"array.astype(np.{to_numpy_dtype(need)}), or ops.cast the loaded tensor)")
+    fed = f"the data of stream {', '.join(repr(s.name) for s, _ in streams)} in step {k} and " if streams else ""
+    shapes = ", ".join(f"{tuple(t.shape)} {dtype_name(t.dtype)}" for t in found.tensors())
+    return f"check {fed}the inputs of op '{found.op}' ({shapes or 'no tensors'})"
+
+def _streams_feeding(session: "Session", found: "_OpFailed", failure: "StepFailure") -> list[tuple[HostToDeviceStream, torch.Tensor]]:
+    """The loaded streams the failing op depends on, with their data in the failed step."""
+    module = session._modules[failure.index]
+    top = found.path[0] if found.path else found.node
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+    position = {p: i for i, p in enumerate(placeholders)}
+    seen, stack, streams = set(), [top], []
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node.op == "placeholder" and node.meta.get("ipuxl_role") == "h2d" and node in position:
+            streams.append((position[node], node.meta["ipuxl_stream"], failure.step_args[position[node]]))
+        stack.extend(node.all_input_nodes)
+    return [(s, t) for _, s, t in sorted(streams, key=lambda x: x[0])]
+
+
+def _is_async_cuda_error(exc: BaseException) -> bool:
+    """A CUDA kernel error (device-side assert...): raised at a later op, and sticky."""
+    message = str(exc)
+    return "CUDA error" in message or "device-side assert" in message
+
+
+class StepFailure(Exception):
+    """A step of the device program raised: carried out of the replica threads to ``run``."""
+
+    def __init__(self, exc: BaseException, step: int, index: int, args: tuple):
+        super().__init__(str(exc))
+        self.exc, self.step, self.index, self.step_args = exc, step, index, args
+
+
+class _OpFailed(Exception):
+    """The op that raised while a failed step was run again (``_Rerun``)."""
+
+    def __init__(self, node: torch.fx.Node, exc: Exception, inputs: tuple, path: tuple[torch.fx.Node, ...]):
+        super().__init__(str(exc))
+        self.node, self.exc, self.inputs, self.path = node, exc, inputs, path
+        self.updated: list[str] = []
+
+    @property
+    def op(self) -> str:
+        """The PopXL op name, or the aten op's name for captured ops."""
+        if self.node.meta.get("ipuxl_op"):
+            return self.node.meta["ipuxl_op"]
+        target = self.node.target
+        packet = getattr(target, "_overloadpacket", None)
+        return getattr(packet, "__name__", None) or getattr(target, "__name__", None) or self.node.name
+
+    @property
+    def source(self) -> str | None:
+        """The user's line of the op, else of the call that reached it."""
+        for node in (self.node, *reversed(self.path)):
+            if node.meta.get("ipuxl_source"):
+                return node.meta["ipuxl_source"]
+        return None
+
+    def tensors(self) -> list[torch.Tensor]:
+        flat, _ = torch.utils._pytree.tree_flatten(self.inputs)
+        return [t for t in flat if isinstance(t, torch.Tensor)]
+
+
+class _RerunState:
+    """One re-run of a failed step: copies of the variables and an interpreter per program."""
+
+    def __init__(self, session: Session, clones: dict[str, torch.Tensor], names: dict[str, str]):
+        self.session, self.clones, self.names = session, clones, names
+        self._versions = {attr: t._version for attr, t in clones.items()}
+        self._reruns: dict[tuple, _Rerun] = {}
+
+    def rerun(self, module: torch.fx.GraphModule, path: tuple[torch.fx.Node, ...]) -> "_Rerun":
+        key = (id(module), path)
+        if key not in self._reruns:
+            self._reruns[key] = _Rerun(self, module, path)
+        return self._reruns[key]
+
+    def updated(self) -> list[str]:
+        """Variables written in place so far (their copies' version counters moved)."""
+        return [self.names[a] for a, t in self.clones.items() if t._version != self._versions[a]]
+
+
+class _Rerun(torch.fx.Interpreter):
+    """Runs a compiled program node by node on the variables' copies; raises ``_OpFailed``
+    at the op that fails. Calls of compiled graphs are run the same way, inside."""
+
+    def __init__(self, state: _RerunState, module: torch.fx.GraphModule, path: tuple[torch.fx.Node, ...]):
+        super().__init__(module)
+        self.extra_traceback = False
+        self.state, self.path = state, path
+
+    def get_attr(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        if not self.path and target in self.state.clones:
+            return self.state.clones[target]
+        return super().get_attr(target, args, kwargs)
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        if n.op != "call_function":
+            return super().run_node(n)
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        try:
+            return self._call(n, args, kwargs)
+        except _OpFailed:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the op raised is the diagnosis
+            raise _OpFailed(n, exc, (args, kwargs), self.path) from exc
+
+    def _call(self, n: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
+        session = self.state.session
+        graph = n.meta.get("ipuxl_called_graph")
+        module = session._callee_modules.get(graph) if graph is not None else None
+        if module is not None and not kwargs:
+            def body(*inputs: Any) -> Any:
+                return self.state.rerun(module, self.path + (n,)).run(*inputs)
+
+            if n.target is session._compiled.get(graph):
+                return body(*args)
+            count = session._repeat_count(n) if n.meta.get("ipuxl_op") == "repeat" else None
+            if count is not None:
+                return run_repeat(body, count, len(graph.outputs), args)
+        return n.target(*args, **kwargs)

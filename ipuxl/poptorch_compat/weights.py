@@ -1,0 +1,228 @@
+"""Where a wrapped model's weights live: one rule, so host and device never disagree.
+
+A ``PoplarExecutor`` runs its module's parameters and buffers as device variables.
+For each of them (a *slot*) one of two things holds:
+
+* **bound** (the usual case: the CPU devices, one replica in this process): the
+  host tensor *is* the device storage (``Session(storage=...)``). The program
+  updates the module's own tensors in place, so every read, write, checkpoint,
+  pickle or deepcopy of the module sees the device's values, with no copy.
+* **copied** (a CUDA device, several replicas in this process, a host tensor of
+  another dtype or not contiguous, or a tensor the user replaced after compiling):
+  the device keeps its own copy. Then
+
+  1. after a run that writes variables the device is newer; any read of the host
+     module (attribute access, ``parameters()``, ``state_dict()``, pickling,
+     ``copy.deepcopy``, ``.to()``...) first copies the device's values back
+     (``pull``), through the module classes swapped in by ``install_sync_hooks``;
+  2. a host write since the last sync (an in-place edit, ``load_state_dict``,
+     ``optimizer.load_state_dict``...) is seen by the tensor's version counter, or
+     by a new tensor object in the module; it reaches the device before the next
+     run (``push``) and wins over device values not read yet (a pull skips it).
+     Writes through ``.data`` bypass version counters: in copied mode they are
+     not seen (use ``torch.no_grad()`` writes or ``copyWeightsToDevice()``).
+
+Optimiser state (momentum, Adam moments) always lives on the device; the torch
+optimiser's ``state_dict()`` reads it back first and its ``load_state_dict()``
+sends the loaded state before the next run (``install_optimizer_hooks``).
+"""
+from __future__ import annotations
+
+import copyreg
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from ipuxl.device.session import Session
+    from ipuxl.ir.tensor import Variable
+
+__all__ = ["Slot", "HostSlots", "named_tensors", "to_numpy", "install_sync_hooks", "remove_sync_hooks",
+           "install_optimizer_hooks"]
+
+
+def named_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Parameters then buffers, read without triggering the sync hooks."""
+    yield from torch.nn.Module.named_parameters(model)
+    yield from torch.nn.Module.named_buffers(model)
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu()
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy().copy()
+
+
+def _owner(model: torch.nn.Module, name: str) -> tuple[dict[str, Any], str]:
+    """The ``_parameters``/``_buffers`` dict holding ``name`` and its key there."""
+    *path, key = name.split(".")
+    module = model
+    for part in path:
+        module = module._modules[part]
+    return (module._parameters if key in module._parameters else module._buffers), key
+
+
+@dataclass
+class Slot:
+    """One parameter or buffer: its device variable and the host tensor last synced."""
+
+    name: str
+    owner: dict[str, Any]  # the module's _parameters or _buffers
+    key: str
+    var: "Variable"
+    host: torch.Tensor
+    bound: bool  # the host tensor is the device storage
+    version: int = 0  # host._version when last synced (copied slots)
+
+    def current(self) -> torch.Tensor | None:
+        return self.owner.get(self.key)
+
+
+class HostSlots:
+    """The slots of one compiled program (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, variables: dict[str, "Variable"], *, device: torch.device,
+                 bind: bool):
+        self.slots: list[Slot] = []
+        for name, var in variables.items():
+            owner, key = _owner(model, name)
+            host = owner[key]
+            bound = bind and _bindable(host, var, device)
+            self.slots.append(Slot(name, owner, key, var, host, bound, _version(host)))
+        self.copied = [s for s in self.slots if not s.bound]
+
+    def storage(self) -> dict["Variable", torch.Tensor]:
+        """``Session(storage=...)``: the host tensors that are the device storage."""
+        return {s.var: s.host.detach() for s in self.slots if s.bound}
+
+    def host_writes(self) -> list[Slot]:
+        """Slots written on the host since the last sync (copied, or no longer bound)."""
+        changed = []
+        for slot in self.slots:
+            current = slot.current()
+            if current is not slot.host:  # a new tensor object (assignment, load_state_dict(assign=True))
+                if current is None:
+                    continue
+                slot.host, slot.bound, slot.version = current, False, -1  # written until pushed
+                self.copied = [s for s in self.slots if not s.bound]
+                changed.append(slot)
+            elif not slot.bound and _version(current) != slot.version:
+                changed.append(slot)
+        return changed
+
+    def push(self, session: "Session", slots: Iterable[Slot] | None = None) -> None:
+        """Copy host values to the device (``slots``: default every copied slot)."""
+        slots = list(self.copied if slots is None else slots)
+        if slots:
+            session.write_variables_data({s.var: to_numpy(s.host) for s in slots})
+        for slot in slots:
+            slot.version = _version(slot.host)
+
+    def pull(self, session: "Session", *, keep_host_writes: bool = True) -> None:
+        """Copy the device's values into the copied host tensors; tensors written on
+        the host since the last sync keep their value (they are pushed next)."""
+        dirty = {id(s) for s in self.host_writes()} if keep_host_writes else set()
+        slots = [s for s in self.copied if id(s) not in dirty]
+        if not slots:
+            return
+        data = session.get_tensors_data([s.var for s in slots])
+        with torch.no_grad():
+            for slot in slots:
+                slot.host.copy_(torch.from_numpy(np.array(data[slot.var])))
+                slot.version = _version(slot.host)
+
+
+def _version(t: torch.Tensor) -> int:
+    """The tensor's version counter (bumped by every in-place write); -2 for inference
+    tensors, which have none (their writes cannot be seen)."""
+    return -2 if t.is_inference() else t._version
+
+
+def _bindable(host: torch.Tensor, var: "Variable", device: torch.device) -> bool:
+    return (host.device == device and host.dtype == var.dtype and tuple(host.shape) == tuple(var.shape)
+            and host.is_contiguous() and not host.is_inference())
+
+
+# -- reads of the host module pull newer device weights ----------------------------------------
+_SYNCED_CLASSES: dict[type, type] = {}
+
+
+def install_sync_hooks(model: torch.nn.Module, executor: Any) -> None:
+    """Make every submodule pull newer device weights before its tensors are read.
+
+    Modules hold their executors weakly: a dropped wrapper is released."""
+    for module in torch.nn.Module.modules(model):
+        cls = type(module)
+        if not getattr(cls, "_ipuxl_synced", False):
+            module.__class__ = _synced_class(cls)
+        executors = module.__dict__.get("_ipuxl_executors")
+        if executors is None:
+            executors = module.__dict__["_ipuxl_executors"] = weakref.WeakSet()
+        executors.add(executor)
+
+
+def remove_sync_hooks(model: torch.nn.Module, executor: Any) -> None:
+    for module in torch.nn.Module.modules(model):
+        module.__dict__.get("_ipuxl_executors", weakref.WeakSet()).discard(executor)
+
+
+def _pull(module: torch.nn.Module) -> None:
+    executors = module.__dict__.get("_ipuxl_executors")
+    if executors:
+        for executor in list(executors):
+            executor._pull_weights_if_newer()
+
+
+def _synced_class(cls: type) -> type:
+    if cls in _SYNCED_CLASSES:
+        return _SYNCED_CLASSES[cls]
+
+    def __getattr__(self, name):  # noqa: N807
+        if name in self.__dict__.get("_parameters", {}) or name in self.__dict__.get("_buffers", {}):
+            _pull(self)
+        return cls.__getattr__(self, name)
+
+    def pulling(method: Callable) -> Callable:
+        def wrapper(self, *args, **kwargs):
+            _pull(self)
+            return method(self, *args, **kwargs)
+
+        wrapper.__name__ = method.__name__
+        return wrapper
+
+    def __reduce_ex__(self, protocol):  # noqa: N807 - pickle/deepcopy as the user's own class
+        _pull(self)
+        state = dict(self.__dict__)
+        state.pop("_ipuxl_executors", None)
+        # rebuilt by the standard library alone: loading never needs ipuxl
+        return copyreg._reconstructor, (cls, object, None), state
+
+    synced = type(cls.__name__, (cls,), {
+        "__getattr__": __getattr__, "__reduce_ex__": __reduce_ex__, "_ipuxl_synced": True,
+        **{name: pulling(getattr(cls, name)) for name in ("named_parameters", "named_buffers", "state_dict", "_apply")},
+        "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    _SYNCED_CLASSES[cls] = synced
+    return synced
+
+
+# -- the torch optimiser's state ---------------------------------------------------------------
+def install_optimizer_hooks(optimizer: torch.optim.Optimizer, executor: Any) -> list[Any]:
+    """``optimizer.state_dict()`` reads the device's optimiser state first;
+    ``optimizer.load_state_dict()`` sends the loaded state before the next run.
+    Returns the hook handles (``handle.remove()`` undoes them)."""
+    ref = weakref.ref(executor)
+
+    def before_state_dict(opt: torch.optim.Optimizer) -> None:
+        live = ref()
+        if live is not None:
+            live._pull_state_if_newer()
+
+    def after_load(opt: torch.optim.Optimizer) -> None:
+        live = ref()
+        if live is not None:
+            live._optimizer_loaded()
+
+    return [optimizer.register_state_dict_pre_hook(before_state_dict),
+            optimizer.register_load_state_dict_post_hook(after_load)]
