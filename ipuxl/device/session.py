@@ -413,6 +413,14 @@ class Session:
                 fix="give a matching tensor, or leave the variable out of storage (the session then owns a copy)")
         return given.detach()  # shares storage and version counter; attaching writes the variable's data into it
 
+    def bind_storage(self, tensor: Variable, given: torch.Tensor) -> None:
+        """ipuxl only: from now on ``given`` is the device storage of ``tensor`` (first local
+        replica), as with ``Session(storage=...)``; the variable takes ``given``'s values."""
+        storage = self._bound_storage(tensor, given)
+        attr = self._attr(tensor)
+        self._device_vars[attr] = storage
+        setattr(self._program, attr, storage)
+
     def _to_device(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(np.array(array, copy=True)).to(self.device, dtype)
 

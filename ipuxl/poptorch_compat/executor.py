@@ -397,7 +397,7 @@ class PoplarExecutor:
         if self._program is None:
             return
         self._require_attached("copyWeightsToDevice")
-        self._slots.host_writes()  # picks up replaced tensors
+        self._slots.host_writes(self._session)  # picks up replaced tensors
         self._slots.push(self._session)
         self._weights_newer = False
 
@@ -448,7 +448,7 @@ class PoplarExecutor:
     def _push_host_writes(self) -> None:
         """Host tensors written since the last sync go to the device (copied ones; bound
         ones are the device storage already)."""
-        changed = self._slots.host_writes()
+        changed = self._slots.host_writes(self._session)
         if changed:
             self._slots.push(self._session, changed)
 

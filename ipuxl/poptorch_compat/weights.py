@@ -15,12 +15,16 @@ For each of them (a *slot*) one of two things holds:
      module (attribute access, ``parameters()``, ``state_dict()``, pickling,
      ``copy.deepcopy``, ``.to()``...) first copies the device's values back
      (``pull``), through the module classes swapped in by ``install_sync_hooks``;
-  2. a host write since the last sync (an in-place edit, ``load_state_dict``,
-     ``optimizer.load_state_dict``...) is seen by the tensor's version counter, or
-     by a new tensor object in the module; it reaches the device before the next
-     run (``push``) and wins over device values not read yet (a pull skips it).
-     Writes through ``.data`` bypass version counters: in copied mode they are
-     not seen (use ``torch.no_grad()`` writes or ``copyWeightsToDevice()``).
+  2. a host write since the last sync (an in-place edit, ``load_state_dict``...) is
+     seen by the tensor's version counter, or by a new tensor object or new data
+     (``p.data = t``) in the module; it reaches the device before the next run
+     (``push``) and wins over device values not read yet (a pull skips it).
+     In-place writes through ``.data`` bypass version counters: in copied mode they
+     are not seen (use ``torch.no_grad()`` writes or ``copyWeightsToDevice()``).
+
+A bound tensor replaced in the module gets the device storage moved to it (or, when
+it cannot be bound, to a private copy), so device writes never share a version
+counter with what the host module holds.
 
 Optimiser state (momentum, Adam moments) always lives on the device; the torch
 optimiser's ``state_dict()`` reads it back first and its ``load_state_dict()``
@@ -75,6 +79,7 @@ class Slot:
     host: torch.Tensor
     bound: bool  # the host tensor is the device storage
     version: int = 0  # host._version when last synced (copied slots)
+    ptr: int = 0  # host.data_ptr(): a new ``.data`` (e.g. from ``.double()``) is a new tensor
 
     def current(self) -> torch.Tensor | None:
         return self.owner.get(self.key)
@@ -90,27 +95,43 @@ class HostSlots:
             owner, key = _owner(model, name)
             host = owner[key]
             bound = bind and _bindable(host, var, device)
-            self.slots.append(Slot(name, owner, key, var, host, bound, _version(host)))
+            self.slots.append(Slot(name, owner, key, var, host, bound, _version(host), host.data_ptr()))
         self.copied = [s for s in self.slots if not s.bound]
 
     def storage(self) -> dict["Variable", torch.Tensor]:
         """``Session(storage=...)``: the host tensors that are the device storage."""
         return {s.var: s.host.detach() for s in self.slots if s.bound}
 
-    def host_writes(self) -> list[Slot]:
-        """Slots written on the host since the last sync (copied, or no longer bound)."""
+    def host_writes(self, session: "Session") -> list[Slot]:
+        """Slots written on the host since the last sync, whose values must go to the device
+        (copied slots; a bound slot given a new tensor is bound to it instead)."""
         changed = []
         for slot in self.slots:
             current = slot.current()
-            if current is not slot.host:  # a new tensor object (assignment, load_state_dict(assign=True))
-                if current is None:
-                    continue
-                slot.host, slot.bound, slot.version = current, False, -1  # written until pushed
-                self.copied = [s for s in self.slots if not s.bound]
-                changed.append(slot)
+            if current is None:
+                continue
+            # a new tensor object (assignment, load_state_dict(assign=True)) or new data (.data = ...)
+            if current is not slot.host or current.data_ptr() != slot.ptr:
+                _check_compatible(slot, current)
+                self._rebind(session, slot, current)
+                if not slot.bound:
+                    changed.append(slot)
             elif not slot.bound and _version(current) != slot.version:
                 changed.append(slot)
         return changed
+
+    def _rebind(self, session: "Session", slot: Slot, tensor: torch.Tensor) -> None:
+        """A new host tensor for ``slot``. Device storage that was the old host tensor gets
+        replaced (by the new tensor when it can be bound, else by a private copy): it may
+        share the old tensor's version counter, and device writes must never look like
+        host writes."""
+        bound = False
+        if slot.bound:
+            bound = _bindable(tensor, slot.var, session.device)
+            session.bind_storage(slot.var, tensor if bound else tensor.detach().clone())
+        slot.host, slot.bound, slot.ptr = tensor, bound, tensor.data_ptr()
+        slot.version = _version(tensor) if bound else -1  # a copied slot holds a host write until pushed
+        self.copied = [s for s in self.slots if not s.bound]
 
     def push(self, session: "Session", slots: Iterable[Slot] | None = None) -> None:
         """Copy host values to the device (``slots``: default every copied slot)."""
@@ -123,7 +144,8 @@ class HostSlots:
     def pull(self, session: "Session", *, keep_host_writes: bool = True) -> None:
         """Copy the device's values into the copied host tensors; tensors written on
         the host since the last sync keep their value (they are pushed next)."""
-        dirty = {id(s) for s in self.host_writes()} if keep_host_writes else set()
+        changed = self.host_writes(session)
+        dirty = {id(s) for s in changed} if keep_host_writes else set()
         slots = [s for s in self.copied if id(s) not in dirty]
         if not slots:
             return
@@ -132,6 +154,22 @@ class HostSlots:
             for slot in slots:
                 slot.host.copy_(torch.from_numpy(np.array(data[slot.var])))
                 slot.version = _version(slot.host)
+
+
+def _check_compatible(slot: Slot, tensor: torch.Tensor) -> None:
+    """A replacement tensor must fit the compiled program's variable."""
+    var = slot.var
+    if tuple(tensor.shape) != tuple(var.shape) or tensor.dtype != var.dtype:
+        from ipuxl.dtypes import dtype_name
+        from ipuxl.errors import InvalidArgumentError
+        from ipuxl.ir.context import user_source_line
+
+        raise InvalidArgumentError(
+            f"'{slot.name}' of the wrapped module is now {tuple(tensor.shape)} {dtype_name(tensor.dtype)}; "
+            f"the compiled program holds it as {tuple(var.shape)} {dtype_name(var.dtype)}",
+            where=user_source_line(),
+            fix="keep the module's parameters and buffers as they were compiled (e.g. no .half() or .double() "
+                "after wrapping), or destroy() the model and wrap the module again to compile for the new ones")
 
 
 def _version(t: torch.Tensor) -> int:

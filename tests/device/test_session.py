@@ -576,3 +576,23 @@ def test_view_read_after_its_source_is_updated_keeps_the_old_value():
     for stream, value in zip(streams, expected):
         assert_close(torch.from_numpy(out[stream]), value)
     assert_close(torch.from_numpy(session.get_tensor_data(x)), before + 1)
+
+
+def test_storage_given_to_the_session_is_the_variables_device_storage():
+    """``Session(storage=...)`` / ``bind_storage`` (what trainingModel binds the module's tensors with)."""
+    ir, x_stream, acc, _, _ = _accumulator(num_host_transfers=3)
+    mine = torch.full((2,), 5.0)
+    with ipuxl.Session(ir, "cpu", storage={acc: mine}) as session:
+        assert_close(mine, torch.zeros(2))  # attaching wrote the variable's initial data into it
+        session.run({x_stream: np.ones((3, 2), np.float32)})
+        assert_close(mine, torch.full((2,), 3.0))  # the program updated it in place
+        other = torch.full((2,), 10.0)
+        session.bind_storage(acc, other)
+        session.run({x_stream: np.ones((3, 2), np.float32)})
+        assert_close(other, torch.full((2,), 13.0))
+        assert_close(mine, torch.full((2,), 3.0))  # no longer the storage
+        assert_close(session.get_tensor_data(acc), np.full(2, 13.0, np.float32))
+    with pytest.raises(ipuxl.errors.InvalidArgumentError, match="'acc'.*float64"):
+        ipuxl.Session(ir, "cpu", storage={acc: torch.zeros(2, dtype=torch.float64)})
+    with pytest.raises(ipuxl.errors.InvalidArgumentError, match="not contiguous"):
+        ipuxl.Session(ir, "cpu", storage={acc: torch.zeros(2, 2)[:, 0]})

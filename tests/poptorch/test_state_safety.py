@@ -19,7 +19,7 @@ import torch.nn as nn
 
 import ipuxl
 from ipuxl import Options
-from ipuxl.errors import AlreadyWrappedError, DeviceError, StreamInputError, TraceError
+from ipuxl.errors import AlreadyWrappedError, DeviceError, InvalidArgumentError, StreamInputError, TraceError
 from ipuxl.poptorch_compat import weights
 
 from tests.poptorch._checks import raises_in
@@ -131,6 +131,8 @@ def test_replacing_a_parameter_object_reaches_the_device(storage):
     new = {"fc1.weight": torch.full_like(model.fc1.weight, 0.01)}
     model.load_state_dict(new, strict=False, assign=True)  # a new Parameter object in the module
     ref.load_state_dict(new, strict=False)
+    model.fc2.bias.data = torch.full((5,), 0.5)  # new data behind the same Parameter
+    ref.fc2.bias.data = torch.full((5,), 0.5)
     for _ in range(2):
         training(x, y)
         eager_steps(ref, torch.optim.SGD(ref.parameters(), lr=0.1), x, y, 4)
@@ -161,6 +163,13 @@ def test_module_to_after_training_converts_the_trained_weights(storage):
     model.to(torch.float64)  # the first read of the module after training
     assert model.fc1.weight.dtype == torch.float64
     assert_same_weights(model, ref.to(torch.float64))
+
+
+def test_a_parameter_converted_after_compiling_is_refused_by_name():
+    model, _, training, x, y = _one_call_each(15)
+    model.double()
+    with raises(InvalidArgumentError, "'fc1.weight'", "float64", "float32"):
+        training(x, y)
 
 
 @pytest.mark.parametrize("make", [torch.optim.Adam, ipuxl.optim.Adam])
