@@ -102,9 +102,13 @@ class HostSlots:
         """``Session(storage=...)``: the host tensors that are the device storage."""
         return {s.var: s.host.detach() for s in self.slots if s.bound}
 
-    def host_writes(self, session: "Session") -> list[Slot]:
+    def host_writes(self, session: "Session", *, refuse: bool = True) -> list[Slot]:
         """Slots written on the host since the last sync, whose values must go to the device
-        (copied slots; a bound slot given a new tensor is bound to it instead)."""
+        (copied slots; a bound slot given a new tensor is bound to it instead).
+
+        A tensor converted to another shape or dtype (``model.half()``) cannot go to the
+        compiled program: ``refuse`` raises, else the slot is left out (a read of the
+        module must not fail; the next run does)."""
         changed = []
         for slot in self.slots:
             current = slot.current()
@@ -112,7 +116,8 @@ class HostSlots:
                 continue
             # a new tensor object (assignment, load_state_dict(assign=True)) or new data (.data = ...)
             if current is not slot.host or current.data_ptr() != slot.ptr:
-                _check_compatible(slot, current)
+                if not _compatible(slot, current, refuse):
+                    continue
                 self._rebind(session, slot, current)
                 if not slot.bound:
                     changed.append(slot)
@@ -144,9 +149,10 @@ class HostSlots:
     def pull(self, session: "Session", *, keep_host_writes: bool = True) -> None:
         """Copy the device's values into the copied host tensors; tensors written on
         the host since the last sync keep their value (they are pushed next)."""
-        changed = self.host_writes(session)
+        changed = self.host_writes(session, refuse=False)
         dirty = {id(s) for s in changed} if keep_host_writes else set()
-        slots = [s for s in self.copied if id(s) not in dirty]
+        slots = [s for s in self.copied if id(s) not in dirty and s.current() is s.host
+                 and s.host.data_ptr() == s.ptr]
         if not slots:
             return
         data = session.get_tensors_data([s.var for s in slots])
@@ -156,10 +162,13 @@ class HostSlots:
                 slot.version = _version(slot.host)
 
 
-def _check_compatible(slot: Slot, tensor: torch.Tensor) -> None:
-    """A replacement tensor must fit the compiled program's variable."""
+def _compatible(slot: Slot, tensor: torch.Tensor, refuse: bool) -> bool:
+    """Whether a replacement tensor fits the compiled program's variable (``refuse``:
+    raise when it does not)."""
     var = slot.var
-    if tuple(tensor.shape) != tuple(var.shape) or tensor.dtype != var.dtype:
+    if tuple(tensor.shape) == tuple(var.shape) and tensor.dtype == var.dtype:
+        return True
+    if refuse:
         from ipuxl.dtypes import dtype_name
         from ipuxl.errors import InvalidArgumentError
         from ipuxl.ir.context import user_source_line
@@ -170,6 +179,7 @@ def _check_compatible(slot: Slot, tensor: torch.Tensor) -> None:
             where=user_source_line(),
             fix="keep the module's parameters and buffers as they were compiled (e.g. no .half() or .double() "
                 "after wrapping), or destroy() the model and wrap the module again to compile for the new ones")
+    return False
 
 
 def _version(t: torch.Tensor) -> int:

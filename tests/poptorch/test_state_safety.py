@@ -166,8 +166,9 @@ def test_module_to_after_training_converts_the_trained_weights(storage):
 
 
 def test_a_parameter_converted_after_compiling_is_refused_by_name():
-    model, _, training, x, y = _one_call_each(15)
-    model.double()
+    model, ref, training, x, y = _one_call_each(15)
+    model.double()  # the trained weights, converted; reading the module still works
+    assert_same_weights(model, ref.double())
     with raises(InvalidArgumentError, "'fc1.weight'", "float64", "float32"):
         training(x, y)
 
@@ -203,13 +204,14 @@ def test_optimizer_state_dict_holds_the_device_state(storage, make):
     assert_same_weights(restored, ref, rtol=1e-4, atol=1e-6)
 
 
-def test_optimizer_load_state_dict_reaches_the_device(storage):
-    """Rewind weights and optimiser to a checkpoint taken mid-training."""
-    torch.manual_seed(7)
+def _check_rewind(options: Options, batch: int, eager_call) -> "ipuxl.PoplarExecutor":
+    """Train, save a {model, optimizer} checkpoint, train on, load the checkpoint into the
+    module and the torch optimiser, train once more: the weights equal eager's from the
+    checkpoint (``eager_call(ref, ref_opt, x, y)`` does one call's steps)."""
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    training = _train(model, optimizer=optimizer)
-    x, y = make_data(8)
+    training = ipuxl.trainingModel(model, options, optimizer=optimizer)
+    x, y = make_data(batch)
     training(x, y)
     checkpoint = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
     training(x, y)
@@ -221,8 +223,15 @@ def test_optimizer_load_state_dict_reaches_the_device(storage):
     ref.load_state_dict(checkpoint["model"])
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     ref_opt.load_state_dict(checkpoint["optimizer"])
-    eager_steps(ref, ref_opt, x, y, 4)
+    eager_call(ref, ref_opt, x, y)
     assert_same_weights(model, ref)
+    return training
+
+
+def test_optimizer_load_state_dict_reaches_the_device(storage):
+    """Rewind weights and optimiser to a checkpoint taken mid-training."""
+    torch.manual_seed(7)
+    _check_rewind(Options().deviceIterations(2), 8, lambda ref, opt, x, y: eager_steps(ref, opt, x, y, 4))
 
 
 def test_inference_model_sees_weights_trained_by_a_copied_training_model(storage):
@@ -246,23 +255,9 @@ def test_host_writes_reach_every_replica():
     from tests.poptorch.test_replication import eager_reference
 
     torch.manual_seed(14)
-    model = MLP()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    training = ipuxl.trainingModel(model, Options().deviceIterations(2).replicationFactor(2), optimizer=optimizer)
-    x, y = make_data(2 * 2 * 3)
-    training(x, y)
+    training = _check_rewind(Options().deviceIterations(2).replicationFactor(2), 2 * 2 * 3,
+                             lambda ref, opt, x, y: eager_reference(ref, opt, x, y, 2, 3))
     assert not any(s.bound for s in training._slots.slots)
-    checkpoint = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
-    training(x, y)
-    model.load_state_dict(checkpoint["model"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
-    training(x, y)
-    ref = MLP()
-    ref.load_state_dict(checkpoint["model"])
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
-    ref_opt.load_state_dict(checkpoint["optimizer"])
-    eager_reference(ref, ref_opt, x, y, 2, 3)
-    assert_same_weights(model, ref)
 
 
 # -- a failed call --------------------------------------------------------------------------
