@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 import ipuxl
 import ipuxl.poptorch_compat.executor as executor
-from ipuxl.ir.lower import CallTarget
+from ipuxl.ir.calls import CallTarget
 
 
 class Block(nn.Module):

@@ -15,7 +15,7 @@ PopXL-style use::
         ...
 """
 from ipuxl import dtypes, errors, ops, optim, transforms
-from ipuxl.capture import Module, constant, graph_input, variable
+from ipuxl.ir.graph_builder import Module, constant, graph_input, variable
 from ipuxl.device import Session
 from ipuxl.dtypes import (
     dtype, bfloat16, bool, float16, float32, float64, int8, int16, int32, int64, uint8, uint32,
@@ -26,8 +26,8 @@ from ipuxl.ir import (
 )
 from ipuxl.ops.random import create_seeds
 from ipuxl.ir.context import replica_grouping
-from ipuxl.options import AnchorMode, Options, OutputMode
-from ipuxl.dataloader import DataLoader, DataLoaderMode
+from ipuxl.poptorch_compat.options import AnchorMode, Options, OutputMode
+from ipuxl.poptorch_compat.dataloader import DataLoader, DataLoaderMode
 from ipuxl.poptorch_compat import PoplarExecutor, identity_loss, inferenceModel, trainingModel
 
 __version__ = "0.1.0"

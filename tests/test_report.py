@@ -1,4 +1,4 @@
-"""``ipuxl.report``: op histograms, code size, call sites, memory and FLOPs of a program."""
+"""``ipuxl.device.report``: op histograms, code size, call sites, memory and FLOPs of a program."""
 from __future__ import annotations
 
 import os
@@ -12,7 +12,7 @@ import pytest
 import ipuxl
 import ipuxl.ops as ops
 from ipuxl.device.resources import IpuSpec
-from ipuxl.report import ProgramReport, format_flops, mlp_training_ir, program_report
+from ipuxl.device.report import ProgramReport, format_flops, mlp_training_ir, program_report
 
 F32 = ipuxl.float32
 KiB = 1024
@@ -133,7 +133,7 @@ def test_format_flops():
 
 def test_python_m_ipuxl_report_runs_from_anywhere(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    result = subprocess.run([sys.executable, "-m", "ipuxl.report", "--blocks", "3", "--outlined"], cwd=tmp_path,
+    result = subprocess.run([sys.executable, "-m", "ipuxl.device.report", "--blocks", "3", "--outlined"], cwd=tmp_path,
                             env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     out = result.stdout

@@ -72,7 +72,7 @@ def test_complex_stream_is_refused_with_its_name(make, dtype):
         with pytest.raises(InvalidArgumentError) as err:
             make((3,), dtype, "zs")
     _check(err, TypeError, "_stream 'zs'", "complex64", "not supported")
-    assert ir._streams == []  # nothing half-made
+    assert ir.streams == []  # nothing half-made
 
 
 def test_other_unsupported_host_dtypes_name_the_variable():

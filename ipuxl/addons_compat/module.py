@@ -17,7 +17,7 @@ from ipuxl.addons_compat.graph import GraphWithNamedArgs
 from ipuxl.addons_compat.graph_cache import GraphCache
 from ipuxl.addons_compat.named_tensors import NamedTensors
 from ipuxl.addons_compat.variable_factory import NamedVariableFactories, VariableFactory, add_variable_input
-from ipuxl.capture.graph_builder import Module as _PopXLModule
+from ipuxl.ir.graph_builder import Module as _PopXLModule
 from ipuxl.ir import context
 from ipuxl.ir.tensor import Tensor
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ipuxl.capture.graph_builder import constant
+from ipuxl.ir.graph_builder import constant
 from ipuxl.ir.tensor import Tensor
 from ipuxl.ops.nn import log_softmax, nll_loss, nll_loss_with_softmax_grad, softmax
 

@@ -9,7 +9,7 @@ from ipuxl.addons_compat.dot_tree import sanitise
 from ipuxl.addons_compat.graph import GraphWithNamedArgs
 from ipuxl.addons_compat.named_tensors import NamedTensors
 from ipuxl.addons_compat.variable_factory import NamedVariableFactories, add_variable_input
-from ipuxl.capture.graph_builder import constant
+from ipuxl.ir.graph_builder import constant
 from ipuxl.errors import AutodiffError
 from ipuxl.ir.context import in_sequence
 from ipuxl.ir.tensor import Tensor
@@ -69,7 +69,7 @@ def autodiff_with_accumulation(graph: GraphWithNamedArgs, tensors_to_accumulate_
             removed.append(index)
         var_updates.accumulate_(counter, constant(1.0, name="one"))
     keep = [i for i in range(len(grad_graph.outputs)) if i not in removed]
-    grad_graph._set_outputs([grad_graph.outputs[i] for i in keep])
+    grad_graph.set_outputs([grad_graph.outputs[i] for i in keep])
     new_info = GradGraphInfo(grad_graph, info.forward_graph, list(info.expected_inputs),
                              [info.expected_outputs[i] for i in keep])
     return (NamedVariableFactories.from_dict(factories),

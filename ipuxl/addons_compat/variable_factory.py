@@ -14,7 +14,7 @@ import torch
 
 from ipuxl.addons_compat.dot_tree import DotTree
 from ipuxl.addons_compat.named_tensors import NamedTensors
-from ipuxl.capture.graph_builder import graph_input, variable
+from ipuxl.ir.graph_builder import graph_input, variable
 from ipuxl.dtypes import DOWNCAST, from_any
 from ipuxl.errors import GraphContextError, InvalidArgumentError
 from ipuxl.ir import context

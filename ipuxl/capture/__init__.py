@@ -1,4 +1,3 @@
-"""Front ends into the IR. PopXL style: ``graph_builder`` and ``builder`` (one op = one fx node)."""
-from ipuxl.capture.graph_builder import Module, constant, graph_input, variable
-
-__all__ = ["Module", "constant", "graph_input", "variable"]
+"""``nn.Module`` capture (the PopTorch front end's tracer): ``trace_module`` records a
+module's forward with make_fx into the IR (``graph_from_trace``); ``grad_mode`` gives
+``torch.no_grad``/``requires_grad_`` their eager meaning while tracing."""

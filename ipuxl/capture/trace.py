@@ -676,7 +676,7 @@ def graph_from_trace(ir: Any, traced: TracedModule) -> Any:
     """
     for block in traced.blocks:
         block.entry.graph = graph_from_trace(ir, block.traced)
-    graph = ir._new_graph(traced.name)
+    graph = ir.new_subgraph(traced.name)
     placeholders = [n for n in traced.gm.graph.nodes if n.op == "placeholder"]
     names = traced.input_names + traced.params + traced.buffers + ["seed"]
     env: dict[fx.Node, fx.Node] = {}
@@ -684,7 +684,7 @@ def graph_from_trace(ir: Any, traced: TracedModule) -> Any:
         if input_name == "seed" and not traced.uses_seed:
             continue
         val = node.meta["val"]
-        env[node] = graph._add_input(TensorSpec(tuple(val.shape), val.dtype), input_name).node
+        env[node] = graph.add_input(TensorSpec(tuple(val.shape), val.dtype), input_name).node
     copy_fx_body(traced.gm, graph.fx, env, graph.constants, ir)
     out_names = ([f"output{i}" for i in range(traced.n_outputs)] + [f"{m}.new" for m in traced.mutated]
                  + [f"{traced.input_names[i]}.new" for i in traced.mutated_inputs])
@@ -694,5 +694,5 @@ def graph_from_trace(ir: Any, traced: TracedModule) -> Any:
         if new.op != "placeholder":
             new.meta["ipuxl_name"] = out_name
         outputs.append(graph.wrap(new))
-    graph._set_outputs(outputs)
+    graph.set_outputs(outputs)
     return graph

@@ -17,7 +17,7 @@ import torch
 from ipuxl.device.replicas import replica_alone
 from ipuxl.dtypes import dtype_name, to_numpy_dtype
 from ipuxl.errors import DeviceError
-from ipuxl.ir.lower import RepeatTarget, run_repeat
+from ipuxl.ir.calls import RepeatTarget, run_repeat
 from ipuxl.ir.streams import HostToDeviceStream
 
 if TYPE_CHECKING:

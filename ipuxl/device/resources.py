@@ -182,7 +182,7 @@ class CallSite:
 
 
 def _callee(node: fx.Node) -> "Graph | None":
-    from ipuxl.ir.lower import CallTarget
+    from ipuxl.ir.calls import CallTarget
 
     return node.target.graph if node.op == "call_function" and isinstance(node.target, CallTarget) else None
 
@@ -202,7 +202,7 @@ def reachable_graphs(ir: "Ir") -> list["Graph"]:
 
 def call_sites(ir: "Ir") -> dict["Graph", list[CallSite]]:
     """For each graph of the IR, the call/repeat nodes of compiled graphs that call it."""
-    from ipuxl.ir.lower import RepeatTarget
+    from ipuxl.ir.calls import RepeatTarget
 
     sites: dict[Graph, list[CallSite]] = {g: [] for g in ir.graphs}
     for graph in reachable_graphs(ir):

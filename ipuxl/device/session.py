@@ -35,7 +35,7 @@ from ipuxl.errors import (
     ShapeMismatchError, StreamInputError,
 )
 from ipuxl.ir.context import user_source_line
-from ipuxl.ir.graph import Graph, _identifier
+from ipuxl.ir.graph import Graph, identifier
 from ipuxl.ir.ir import Ir, VariableRecord
 from ipuxl.device.failures import StepFailure, step_error
 from ipuxl.device.replicas import Communicator, ensure_process_group, run_replicas
@@ -44,10 +44,11 @@ from ipuxl.device.resources import check_fits
 from ipuxl.device.fuse import (
     call_random_ops_directly, fuse_adam_steps, fuse_adam_updates, fuse_matmul_updates, select_kernels,
 )
-from ipuxl.ir.lower import CallTarget, compiled_callee, lower_to_fx
+from ipuxl.ir.calls import CallTarget
+from ipuxl.ir.lower import compiled_callee, lower_to_fx
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream
 from ipuxl.ir.tensor import Constant, Tensor, Variable
-from ipuxl.passes.replicate import plan_replicas
+from ipuxl.device.replica_plan import plan_replicas
 
 __all__ = ["Session", "DeviceType", "device_for"]
 
@@ -87,7 +88,7 @@ class Session:
         self.ir = ir
         self.device_type = device_desc
         self.device = device_for(device_desc)
-        self._built = _Built(ir.replication_factor, ir.num_host_transfers, len(ir._variables), user_source_line())
+        self._built = _Built(ir.replication_factor, ir.num_host_transfers, len(ir.variable_records), user_source_line())
         self._plan = plan_replicas(ir)
         if device_desc == "ipu_model":  # the IPU resource model: fail before compiling when it cannot fit
             check_fits(ir)
@@ -98,7 +99,7 @@ class Session:
         self._attached = False
         self._enter_stack: list[bool] = []
         self._host_in_sync = True
-        records = ir._variables
+        records = ir.variable_records
         self._records = {r.tensor: r for r in records.values()}
         self._host = {r.tensor: self._initial_host(r) for r in records.values()}
         self._replica_vars = [{attr: self._to_device(self._plan.initial_value(r, replica), r.tensor.dtype)
@@ -127,7 +128,7 @@ class Session:
                         call_random_ops_directly, select_kernels):
             rewrite(code)
         # the Python code is generated once, after the rewrites
-        module = torch.fx.GraphModule(root, code, class_name=_identifier(f"ipuxl_{graph.name}"))
+        module = torch.fx.GraphModule(root, code, class_name=identifier(f"ipuxl_{graph.name}"))
         return module.to(self.device)
 
     def _replica_program(self, variables: dict[str, torch.Tensor]) -> torch.fx.GraphModule:
@@ -151,9 +152,9 @@ class Session:
                 if n.op == "placeholder" and n.meta.get("ipuxl_role") in ("h2d", "d2h")]
 
     def report(self, spec: Any = None) -> Any:
-        """The program's ``ipuxl.report.ProgramReport``: op counts, code size, call sites,
+        """The program's ``ipuxl.device.report.ProgramReport``: op counts, code size, call sites,
         memory per IPU (``spec``: an ``IpuSpec``, default the configured one) and FLOPs."""
-        from ipuxl.report import program_report
+        from ipuxl.device.report import program_report
 
         return program_report(self.ir, spec)
 
@@ -290,7 +291,7 @@ class Session:
     def _check_unchanged_ir(self) -> None:
         """Refuse to run when the IR's replicas, steps or variables changed after compiling."""
         ir, built = self.ir, self._built
-        if (ir.replication_factor, ir.num_host_transfers, len(ir._variables)) == built[:3]:
+        if (ir.replication_factor, ir.num_host_transfers, len(ir.variable_records)) == built[:3]:
             return
         where = f"Session.run at {user_source_line()}; the Session was created at {built.created_at}"
         fix = "create a new Session after changing the IR: a Session compiles the IR once, when it is created"
@@ -302,7 +303,7 @@ class Session:
             raise DeviceError(
                 f"ir.num_host_transfers changed from {built.steps} to {ir.num_host_transfers} after the Session "
                 f"was created: the session runs {built.steps} steps per run", where=where, fix=fix)
-        added = [r.tensor for r in ir._variables.values() if r.tensor not in self._records]
+        added = [r.tensor for r in ir.variable_records.values() if r.tensor not in self._records]
         made = "; ".join(f"'{t.name}' made at {t.node.meta.get('ipuxl_source')}" for t in added)
         raise DeviceError(
             f"the IR has {len(added)} variable(s) more than when the Session was created "

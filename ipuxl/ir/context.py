@@ -28,9 +28,9 @@ F = TypeVar("F", bound=Callable)
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Frames in these files are ipuxl internals or context-manager plumbing, not user code.
 # torch frames appear when ipuxl calls back through torch utilities (pytree maps).
-_SKIP_PREFIXES = (_PACKAGE_DIR + os.sep, os.path.abspath(contextlib.__file__),
+SKIP_PREFIXES = (_PACKAGE_DIR + os.sep, os.path.abspath(contextlib.__file__),
                   os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
-_STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
+STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
 
 
 def gcg() -> "Graph":
@@ -96,7 +96,7 @@ def user_source_line() -> str | None:
     frame = sys._getframe(1)
     while frame is not None:
         filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith(_SKIP_PREFIXES):
+        if not filename.startswith(SKIP_PREFIXES):
             return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
         frame = frame.f_back
     return None
@@ -108,7 +108,7 @@ def traceback_source_line(tb: Any) -> str | None:
     found = None
     while tb is not None:
         filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
-        if not filename.startswith(_SKIP_PREFIXES) and not filename.startswith(_STDLIB_DIR):
+        if not filename.startswith(SKIP_PREFIXES) and not filename.startswith(STDLIB_DIR):
             found = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno} in {tb.tb_frame.f_code.co_name}"
         tb = tb.tb_next
     return found

@@ -27,8 +27,8 @@ import torch
 import torch.fx as fx
 
 from ipuxl.ir.call_op import call_entry, is_call_graph_node
-from ipuxl.ir.context import _SKIP_PREFIXES, _STDLIB_DIR
-from ipuxl.ir.lower import CallTarget
+from ipuxl.ir.context import SKIP_PREFIXES, STDLIB_DIR
+from ipuxl.ir.calls import CallTarget
 
 __all__ = ["copy_fx_body", "to_meta"]
 
@@ -62,7 +62,7 @@ def copy_fx_body(source: fx.GraphModule, new: fx.Graph, env: dict[fx.Node, fx.No
             copied.meta.update(ipuxl_op="output_of", ipuxl_name=out.name)
         copied.meta["val"] = to_meta(node.meta.get("val"))
         if node.op == "call_function" and node.target is not operator.getitem:
-            copied.meta["ipuxl_op_id"] = ir._next_op_id()
+            copied.meta["ipuxl_op_id"] = ir.next_op_id()
         if _returns_view(node.target) and copied.all_input_nodes:
             copied.meta["ipuxl_view_of"] = copied.all_input_nodes[0]
         if node.op == "get_attr":
@@ -77,7 +77,7 @@ def _import_call(node: fx.Node, new: fx.Graph, env: dict[fx.Node, fx.Node], ir: 
     target = CallTarget(graph)
     call = new.create_node("call_function", target, tuple(env[a] for a in args), {}, name=target.__name__)
     call.meta.update(val=to_meta(tuple(node.meta["val"])), ipuxl_op="call", ipuxl_called_graph=graph,
-                     ipuxl_op_id=ir._next_op_id())
+                     ipuxl_op_id=ir.next_op_id())
     return call
 
 
@@ -106,9 +106,9 @@ class _UserLines:
 
 def _is_user_file(filename: str) -> bool:
     path = os.path.abspath(filename)
-    if path.startswith(_SKIP_PREFIXES):
+    if path.startswith(SKIP_PREFIXES):
         return False
-    return not path.startswith(_STDLIB_DIR) or any(d in path for d in _THIRD_PARTY)
+    return not path.startswith(STDLIB_DIR) or any(d in path for d in _THIRD_PARTY)
 
 
 class _NoMatch(Exception):

@@ -70,7 +70,7 @@ class Graph:
     def is_main(self) -> bool:
         return self is self.ir.main_graph
 
-    def _add_input(self, spec: TensorSpec, name: str, *, by_ref: bool = False,
+    def add_input(self, spec: TensorSpec, name: str, *, by_ref: bool = False,
                    role: str = "input") -> Tensor:
         """Append a graph input (an fx placeholder after the existing ones)."""
         node = self._insert_placeholder(name)
@@ -91,7 +91,7 @@ class Graph:
             placeholders.append(n)
         # The target is the generated function's argument name: it must be unique.
         taken = {n.target for n in placeholders}
-        base = _identifier(name)
+        base = identifier(name)
         target, i = base, 1
         while target in taken:
             target, i = f"{base}_{i}", i + 1
@@ -101,10 +101,10 @@ class Graph:
         with self.fx.inserting_before(anchor):
             return self.fx.placeholder(target)
 
-    def _set_outputs(self, outputs: Iterable[Tensor]) -> None:
+    def set_outputs(self, outputs: Iterable[Tensor]) -> None:
         self._outputs = list(outputs)
 
-    def _add_output(self, tensor: Tensor) -> int:
+    def add_output(self, tensor: Tensor) -> int:
         self._outputs.append(tensor)
         return len(self._outputs) - 1
 
@@ -131,7 +131,7 @@ class Graph:
         return f"Graph[{self.name}: {len(self._inputs)} inputs, {len(self._outputs)} outputs]"
 
 
-def _identifier(name: str) -> str:
+def identifier(name: str) -> str:
     """A valid Python identifier derived from a user's tensor name."""
     ident = "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "t"
     return ident if not ident[0].isdigit() else f"t_{ident}"

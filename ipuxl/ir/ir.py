@@ -8,9 +8,9 @@ from typing import Any, Callable
 import numpy as np
 
 from ipuxl.errors import InvalidArgumentError
-from ipuxl.ir.graph import Graph, _identifier
+from ipuxl.ir.graph import Graph, identifier
 from ipuxl.ir.replica_grouping import ReplicaGrouping
-from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream, _Stream
+from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream, Stream
 from ipuxl.ir.tensor import Variable
 
 __all__ = ["Ir"]
@@ -57,8 +57,8 @@ class Ir:
         self.graphs: list[Graph] = []
         self._subgraph_count = 0
         self._op_ids = itertools.count(100)  # PopART numbers ops across the IR from 100
-        self._streams: list[_Stream] = []
-        self._variables: dict[str, VariableRecord] = {}
+        self.streams: list[Stream] = []
+        self.variable_records: dict[str, VariableRecord] = {}
         self.main_graph = Graph(self, "main_graph")
         self.graphs.append(self.main_graph)
 
@@ -111,39 +111,39 @@ class Ir:
         ``ipuxl.graph_input`` adds further inputs. ``fn``'s return value(s) become
         the graph's outputs.
         """
-        from ipuxl.capture.graph_builder import build_graph
+        from ipuxl.ir.graph_builder import build_graph
 
         return build_graph(self, fn, args, kwargs)
 
-    def _next_op_id(self) -> int:
+    def next_op_id(self) -> int:
         return next(self._op_ids)
 
     def create_empty_graph(self, name: str | None = None) -> Graph:
-        return self._new_graph(name or "graph")
+        return self.new_subgraph(name or "graph")
 
-    def _new_graph(self, name: str) -> Graph:
+    def new_subgraph(self, name: str) -> Graph:
         """A new subgraph, named as PopXL does: ``{name}_subgraph({k})``, k counting per IR."""
-        graph = Graph(self, f"{_identifier(name)}_subgraph({self._subgraph_count})", base_name=_identifier(name))
+        graph = Graph(self, f"{identifier(name)}_subgraph({self._subgraph_count})", base_name=identifier(name))
         self._subgraph_count += 1
         self.graphs.append(graph)
         return graph
 
     # -- streams and variables --------------------------------------------------------
     def get_all_h2d_streams(self) -> list[HostToDeviceStream]:
-        return [s for s in self._streams if isinstance(s, HostToDeviceStream)]
+        return [s for s in self.streams if isinstance(s, HostToDeviceStream)]
 
     def get_all_d2h_streams(self) -> list[DeviceToHostStream]:
-        return [s for s in self._streams if isinstance(s, DeviceToHostStream)]
+        return [s for s in self.streams if isinstance(s, DeviceToHostStream)]
 
     @property
     def variables(self) -> list[Variable]:
-        return [record.tensor for record in self._variables.values()]
+        return [record.tensor for record in self.variable_records.values()]
 
-    def _unique_stream_name(self, name: str) -> str:
-        return self._unique({s.name for s in self._streams}, name, add=False)
+    def unique_stream_name(self, name: str) -> str:
+        return self.unique_name({s.name for s in self.streams}, name, add=False)
 
     @staticmethod
-    def _unique(taken: set[str], name: str, add: bool = True) -> str:
+    def unique_name(taken: set[str], name: str, add: bool = True) -> str:
         candidate, i = name, 1
         while candidate in taken:
             candidate = f"{name}_{i}"
@@ -153,5 +153,5 @@ class Ir:
         return candidate
 
     def __repr__(self) -> str:
-        return (f"Ir[{len(self.graphs)} graphs, {len(self._variables)} variables, "
+        return (f"Ir[{len(self.graphs)} graphs, {len(self.variable_records)} variables, "
                 f"replication={self.replication_factor}, num_host_transfers={self.num_host_transfers}]")

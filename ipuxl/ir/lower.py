@@ -24,51 +24,15 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 import torch.fx as fx
 
-from ipuxl.ir.graph import _identifier
+from ipuxl.ir.calls import CallTarget, RepeatTarget, run_repeat
+from ipuxl.ir.graph import identifier
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
 
-__all__ = ["CallTarget", "RepeatTarget", "lower_graph", "lower_to_fx", "graph_callable", "compiled_callee"]
+__all__ = ["lower_graph", "lower_to_fx", "graph_callable", "compiled_callee"]
 
 CalleeFn = Callable[["Graph"], Callable[..., Any]]
-
-
-class CallTarget:
-    """Target of an fx node that calls a subgraph (``ops.call``).
-
-    Calling it directly lowers the callee on the fly (slow; for debugging with
-    ``fx.Interpreter``). The device replaces it by the callee's compiled code.
-    """
-
-    def __init__(self, graph: "Graph"):
-        self.graph = graph
-        self.__name__ = _identifier(f"call_{graph.name}")
-
-    def __call__(self, *args: Any) -> tuple:
-        return graph_callable(self.graph)(*args)
-
-
-class RepeatTarget(CallTarget):
-    """Target of an fx node that runs a subgraph ``count`` times (``ops.repeat``)."""
-
-    def __init__(self, graph: "Graph", count: int):
-        super().__init__(graph)
-        self.count = count
-        self.__name__ = _identifier(f"repeat_{graph.name}")
-
-    def __call__(self, *args: Any) -> tuple:
-        return run_repeat(graph_callable(self.graph), self.count, len(self.graph.outputs), args)
-
-
-def run_repeat(body: Callable[..., tuple], count: int, n_carried: int, args: tuple) -> tuple:
-    """PopXL's loop: outputs ``i < n_carried`` feed inputs ``i`` of the next iteration."""
-    values = list(args)
-    if count == 0:
-        return tuple(v.clone() for v in values[:n_carried])
-    for _ in range(count):
-        values[:n_carried] = body(*values)
-    return tuple(values[:n_carried])
 
 
 def graph_callable(graph: "Graph") -> Callable[..., tuple]:
@@ -95,7 +59,7 @@ def lower_graph(graph: "Graph", callee_fn: CalleeFn, attrs: dict[str, torch.Tens
             of called (the device inlines graphs with a single call site).
     """
     root, new = lower_to_fx(graph, callee_fn, attrs, inline=inline)
-    return fx.GraphModule(root, new, class_name=_identifier(f"ipuxl_{graph.name}"))
+    return fx.GraphModule(root, new, class_name=identifier(f"ipuxl_{graph.name}"))
 
 
 def lower_to_fx(graph: "Graph", callee_fn: CalleeFn, attrs: dict[str, torch.Tensor] | None = None,
@@ -139,7 +103,7 @@ def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[
             callee = node.target.graph
             bound = dict(zip((t.node for t in callee.inputs), _call_args(new, node, env)))
             inlined[node] = _copy_graph(new, root, callee, bound, dict(callee.constants), callee_fn, inline,
-                                        prefix=f"{prefix}{_identifier(callee.name)}__",
+                                        prefix=f"{prefix}{identifier(callee.name)}__",
                                         shared_outputs=_unwritten_outputs(graph, node, writes, written_views))
             continue
         elif isinstance(node.target, CallTarget):
@@ -273,4 +237,4 @@ def _named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
 def compiled_callee(graph: "Graph", forward: Callable[..., Any]) -> Callable[..., Any]:
     """The function call sites of ``graph`` refer to: one per graph, so generated code
     calls the same ``ipuxl_compiled_call_<graph>`` from every site."""
-    return _named(forward, _identifier(f"call_{graph.name}"))
+    return _named(forward, identifier(f"call_{graph.name}"))

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 __all__ = ["HostToDeviceStream", "DeviceToHostStream", "h2d_stream", "d2h_stream"]
 
 
-class _Stream:
+class Stream:
     direction = ""
 
     def __init__(self, ir: "Ir", spec: TensorSpec, name: str):
@@ -37,22 +37,22 @@ class _Stream:
         return f"{type(self).__name__}({self.name!r}, shape={self.shape}, dtype={dtype_name(self.dtype)})"
 
 
-class HostToDeviceStream(_Stream):
+class HostToDeviceStream(Stream):
     """Carries host data into the device program (read by ``ops.host_load``)."""
 
 
-class DeviceToHostStream(_Stream):
+class DeviceToHostStream(Stream):
     """Carries device tensors to the host (written by ``ops.host_store``)."""
 
 
 def _new_stream(cls, shape: Sequence[int], dtype: torch.dtype, name: str | None):
     ir = gcg().ir
-    stream_name = ir._unique_stream_name(name or cls.__name__.lower())
+    stream_name = ir.unique_stream_name(name or cls.__name__.lower())
     subject = f"{'h2d' if cls is HostToDeviceStream else 'd2h'}_stream '{stream_name}'"
     torch_dtype = check_supported(from_any(dtype, subject, host_data=False), subject, host_data=False)
     spec = TensorSpec(tuple(shape), torch_dtype)
     stream = cls(ir, spec, stream_name)
-    ir._streams.append(stream)
+    ir.streams.append(stream)
     return stream
 
 

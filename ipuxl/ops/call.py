@@ -14,13 +14,13 @@ from typing import Any, Iterable, Mapping
 import torch
 import torch.fx as fx
 
-from ipuxl.capture.builder import _root, check_writable, emit
-from ipuxl.capture.graph_builder import constant
+from ipuxl.ir.build import _root, check_writable, emit
+from ipuxl.ir.graph_builder import constant
 from ipuxl.dtypes import dtype_name
 from ipuxl.errors import GraphContextError, InvalidArgumentError, ShapeMismatchError
 from ipuxl.ir import context
 from ipuxl.ir.graph import Graph, describe
-from ipuxl.ir.lower import CallTarget, RepeatTarget
+from ipuxl.ir.calls import CallTarget, RepeatTarget
 from ipuxl.ir.tensor import Tensor
 
 __all__ = ["CallSiteInfo", "call", "call_with_info", "repeat", "repeat_with_info"]

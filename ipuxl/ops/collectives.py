@@ -12,7 +12,7 @@ from typing import Literal
 
 import torch
 
-from ipuxl.capture.builder import emit
+from ipuxl.ir.build import emit
 from ipuxl.device import replicas as rt
 from ipuxl.errors import InvalidArgumentError, ReplicationError
 from ipuxl.ir import context

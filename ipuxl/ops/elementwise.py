@@ -6,7 +6,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ipuxl.capture.builder import check_same_shape, emit
+from ipuxl.ir.build import check_same_shape, emit
 from ipuxl.ir.tensor import Tensor
 
 __all__ = [

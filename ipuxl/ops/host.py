@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ipuxl.capture.builder import check_same_graph, emit
+from ipuxl.ir.build import check_same_graph, emit
 from ipuxl.dtypes import dtype_name
 from ipuxl.errors import GraphContextError, InvalidArgumentError, ShapeMismatchError
 from ipuxl.ir import context
@@ -54,10 +54,10 @@ def host_load(h2d_stream: HostToDeviceStream, name: str | None = None) -> Tensor
         raise GraphContextError(f"stream '{h2d_stream.name}' is loaded twice in one program",
                                 where=context.user_source_line(),
                                 fix="load it once and reuse the tensor")
-    tensor = graph._add_input(h2d_stream.spec, name or h2d_stream.name, role="h2d")
+    tensor = graph.add_input(h2d_stream.spec, name or h2d_stream.name, role="h2d")
     tensor.node.meta["ipuxl_stream"] = h2d_stream
     tensor.node.meta["ipuxl_op"] = "host_load"
-    tensor.node.meta["ipuxl_op_id"] = graph.ir._next_op_id()
+    tensor.node.meta["ipuxl_op_id"] = graph.ir.next_op_id()
     return tensor
 
 
@@ -78,6 +78,6 @@ def host_store(d2h_stream: DeviceToHostStream, t: Tensor) -> None:
     if d2h_stream in _streams_in(graph, "d2h"):
         raise GraphContextError(f"stream '{d2h_stream.name}' is stored twice in one program",
                                 where=context.user_source_line(), fix="use one d2h stream per stored tensor")
-    slot = graph._add_input(d2h_stream.spec, f"{d2h_stream.name}_slot", role="d2h")
+    slot = graph.add_input(d2h_stream.spec, f"{d2h_stream.name}_slot", role="d2h")
     slot.node.meta["ipuxl_stream"] = d2h_stream
     emit("host_store", torch.Tensor.copy_, (slot, t), modifies=slot, name=f"store_{d2h_stream.name}")

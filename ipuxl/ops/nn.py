@@ -6,7 +6,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from ipuxl.capture.builder import emit
+from ipuxl.ir.build import emit
 from ipuxl.errors import InvalidArgumentError
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.tensor import Tensor

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ipuxl.capture.builder import emit
+from ipuxl.ir.build import emit
 from ipuxl.errors import InvalidArgumentError
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.tensor import Tensor

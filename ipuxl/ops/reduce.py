@@ -5,7 +5,7 @@ from typing import Iterable
 
 import torch
 
-from ipuxl.capture.builder import emit
+from ipuxl.ir.build import emit
 from ipuxl.ir.tensor import Tensor
 
 __all__ = [

@@ -7,7 +7,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from ipuxl.capture.builder import emit
+from ipuxl.ir.build import emit
 from ipuxl.dtypes import from_any
 from ipuxl.errors import InvalidArgumentError, ShapeMismatchError
 from ipuxl.ir.context import user_source_line

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ipuxl.dtypes import to_numpy_dtype
-from ipuxl.capture.builder import check_same_shape, emit
+from ipuxl.ir.build import check_same_shape, emit
 from ipuxl.errors import InvalidArgumentError
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.tensor import Tensor

@@ -10,8 +10,8 @@
   the same rules (``translate``).
 """
 from ipuxl.optim import rules
-from ipuxl.optim.modules import AdamUpdate, AdamWUpdate, LAMBUpdate, RMSpropUpdate, SGDUpdate, apply_optimizer
-from ipuxl.optim.torch_style import LAMB, SGD, Adam, AdamW, RMSprop
+from ipuxl.addons_compat.optimizers import AdamUpdate, AdamWUpdate, LAMBUpdate, RMSpropUpdate, SGDUpdate, apply_optimizer
+from ipuxl.poptorch_compat.optim import LAMB, SGD, Adam, AdamW, RMSprop
 
 __all__ = ["rules", "AdamUpdate", "AdamWUpdate", "LAMBUpdate", "RMSpropUpdate", "SGDUpdate", "apply_optimizer",
            "SGD", "Adam", "AdamW", "RMSprop", "LAMB"]

@@ -35,7 +35,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import torch
 
-from ipuxl.capture.graph_builder import constant
+from ipuxl.ir.graph_builder import constant
 from ipuxl.dtypes import dtype_name, from_any, to_numpy_dtype
 from ipuxl.errors import InvalidArgumentError
 from ipuxl.ir.context import in_sequence, user_source_line

@@ -52,7 +52,8 @@ from ipuxl.ir.call_op import CallEntry
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.fx_import import copy_fx_body
 from ipuxl.ir.graph import Graph
-from ipuxl.ir.lower import CallTarget, RepeatTarget, compiled_callee, graph_callable, lower_graph
+from ipuxl.ir.calls import CallTarget, RepeatTarget
+from ipuxl.ir.lower import compiled_callee, graph_callable, lower_graph
 from ipuxl.ir.tensor import Tensor, TensorSpec
 
 __all__ = ["differentiate"]
@@ -390,11 +391,11 @@ def _segment_graph(graph: Graph, nodes: list[fx.Node], returned: set[fx.Node], o
             if a not in inside and a.op != "get_attr" and a not in ins:
                 ins.append(a)
     outs = [n for n in nodes if n in returned or any(u not in inside for u in n.users)]
-    sub = graph.ir._new_graph(f"{graph.base_name}_ops")
+    sub = graph.ir.new_subgraph(f"{graph.base_name}_ops")
     env: dict[fx.Node, fx.Node] = {}
     for node in ins:
         val = node.meta["val"]
-        env[node] = sub._add_input(TensorSpec(tuple(val.shape), val.dtype),
+        env[node] = sub.add_input(TensorSpec(tuple(val.shape), val.dtype),
                                    node.meta.get("ipuxl_name", node.name)).node
     for node in nodes:
         for a in node.all_input_nodes:
@@ -408,7 +409,7 @@ def _segment_graph(graph: Graph, nodes: list[fx.Node], returned: set[fx.Node], o
             copied.meta["ipuxl_view_of"] = env.get(view_of, copied.all_input_nodes[0] if copied.all_input_nodes
                                                     else None)
         env[node] = copied
-    sub._set_outputs([sub.wrap(env[n]) for n in outs])
+    sub.set_outputs([sub.wrap(env[n]) for n in outs])
     provided = [t for t, n in zip(sub.outputs, outs) if t.dtype.is_floating_point and (
         n in provided_nodes or (n in on_path and any(u not in inside and u in on_path for u in n.users)))]
     required = [t for t, n in zip(sub.inputs, ins) if n in on_path and t.dtype.is_floating_point]
@@ -421,7 +422,7 @@ def _grad_by_units(graph: Graph, infos: list[Any], provided: list[Tensor], requi
                    explicit: bool) -> tuple:
     from ipuxl.ops.call import call  # ops depend on the IR; import late
 
-    grad = graph.ir._new_graph(f"{graph.base_name}_grad")
+    grad = graph.ir.new_subgraph(f"{graph.base_name}_grad")
     sums: dict[fx.Node, Tensor] = {}  # forward node -> its gradient so far
     saved: dict[fx.Node, Tensor] = {}  # forward node -> grad-graph input holding it
     saved_fwd: list[Tensor] = []
@@ -436,15 +437,15 @@ def _grad_by_units(graph: Graph, infos: list[Any], provided: list[Tensor], requi
         if t.node not in saved:
             fwd = graph.wrap(t.node)
             if id(fwd) not in visible:
-                graph._add_output(fwd)
+                graph.add_output(fwd)
                 visible.add(id(fwd))
-            saved[t.node] = grad._add_input(fwd.spec, fwd.name)
+            saved[t.node] = grad.add_input(fwd.spec, fwd.name)
             saved_fwd.append(fwd)
         return saved[t.node]
 
     with grad:
         for t in provided:
-            add_grad(t.node, grad._add_input(t.spec, f"Gradient___{t.name}"))
+            add_grad(t.node, grad.add_input(t.spec, f"Gradient___{t.name}"))
         for info in reversed(infos):
             grad_info = getattr(info.called_graph, "_ipuxl_grad", None)
             if grad_info is None:
@@ -474,13 +475,13 @@ def _grad_by_units(graph: Graph, infos: list[Any], provided: list[Tensor], requi
             if g.node.op != "placeholder":
                 g.node.meta["ipuxl_name"] = f"Gradient___{t.name}"
             outputs.append(g)
-    grad._set_outputs(outputs)
+    grad.set_outputs(outputs)
     expected_inputs = [(t, "FwdGrad") for t in provided] + [(t, "Fwd") for t in saved_fwd]
     return grad, expected_inputs, required
 
 
 def _zeros(like: Tensor) -> Tensor:
-    from ipuxl.capture.builder import emit
+    from ipuxl.ir.build import emit
 
     shape, dtype = list(like.shape), like.dtype
     return emit("zeros", torch.ops.aten.zeros.default, (shape,), {"dtype": dtype, "device": torch.device("cpu")},
@@ -605,22 +606,22 @@ def _saved_tensor(graph: Graph, node: fx.Node) -> Tensor:
         return existing
     tensor = graph.wrap(node)
     node.meta.setdefault("ipuxl_name", node.name)
-    graph._add_output(tensor)
+    graph.add_output(tensor)
     return tensor
 
 
 # -- step 5: grad graph -------------------------------------------------------------------------------
 def _build_grad_graph(graph: Graph, bw: fx.GraphModule, provided: list[Tensor],
                       saved: list[tuple[str, Tensor]], required: list[Tensor]) -> Graph:
-    grad = graph.ir._new_graph(f"{graph.base_name}_grad")
+    grad = graph.ir.new_subgraph(f"{graph.base_name}_grad")
     placeholders = {n.name: n for n in bw.graph.nodes if n.op == "placeholder"}
     env: dict[fx.Node, fx.Node] = {}
     for k, t in enumerate(provided, start=1):
-        handle = grad._add_input(t.spec, f"Gradient___{t.name}")
+        handle = grad.add_input(t.spec, f"Gradient___{t.name}")
         if f"tangents_{k}" in placeholders:
             env[placeholders[f"tangents_{k}"]] = handle.node
     for name, t in saved:
-        handle = grad._add_input(t.spec, t.name)
+        handle = grad.add_input(t.spec, t.name)
         env[placeholders[name]] = handle.node
     copy_fx_body(bw, grad.fx, env, grad.constants, graph.ir)
     outputs = []
@@ -629,6 +630,6 @@ def _build_grad_graph(graph: Graph, bw: fx.GraphModule, provided: list[Tensor],
         if out.op != "placeholder":  # an input passed through keeps its own name
             out.meta["ipuxl_name"] = f"Gradient___{fwd_input.name}"
         outputs.append(grad.wrap(out))
-    grad._set_outputs(outputs)
+    grad.set_outputs(outputs)
     return grad
 

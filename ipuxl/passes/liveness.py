@@ -98,7 +98,7 @@ def stream_bytes(graph: "Graph") -> int:
 def live_profile(graph: "Graph", order: Sequence[fx.Node] | None = None,
                  _callee_peaks: dict | None = None) -> LiveProfile:
     """Live activation bytes at each op of ``order`` (default: program order)."""
-    from ipuxl.ir.lower import CallTarget
+    from ipuxl.ir.calls import CallTarget
 
     nodes = [n for n in (order if order is not None else graph.fx.nodes) if n.op not in ("placeholder", "get_attr",
                                                                                           "output")]

@@ -33,7 +33,7 @@ import torch.fx as fx
 
 from ipuxl.errors import OutlineError
 from ipuxl.ir.graph import Graph
-from ipuxl.ir.lower import CallTarget, RepeatTarget
+from ipuxl.ir.calls import CallTarget, RepeatTarget
 from ipuxl.ir.tensor import TensorSpec
 
 __all__ = ["outline_graph", "outline_ir", "deduplicate", "OutlineSummary"]
@@ -287,18 +287,18 @@ def _replace(graph: Graph, regions: list[_Region]) -> Graph:
     first = regions[0]
     written = set().union(*(r.written for r in regions))
     outputs = sorted(first.used_outside)
-    sub = graph.ir._new_graph(f"{graph.base_name}_block")
+    sub = graph.ir.new_subgraph(f"{graph.base_name}_block")
     env: dict[fx.Node, fx.Node] = {}
     for idx, ext in enumerate(first.externals):
         value = ext.meta["val"]
         name = ext.meta.get("ipuxl_name", ext.name)
-        t = sub._add_input(TensorSpec(tuple(value.shape), value.dtype), str(name), by_ref=idx in written)
+        t = sub.add_input(TensorSpec(tuple(value.shape), value.dtype), str(name), by_ref=idx in written)
         env[ext] = t.node
     for n in first.nodes:
         new = sub.fx.node_copy(n, lambda a: env[a])
         new.meta = _remapped_meta(n.meta, env)
         env[n] = new
-    sub._set_outputs([sub.wrap(env[first.nodes[j]]) for j in outputs])
+    sub.set_outputs([sub.wrap(env[first.nodes[j]]) for j in outputs])
 
     replaced: dict[fx.Node, fx.Node] = {}
     for region in regions:  # a later region reads an earlier one's outputs: now the call's items
@@ -320,7 +320,7 @@ def _remapped_meta(meta: dict, env: dict[fx.Node, fx.Node]) -> dict:
 def _call_in_place(graph: Graph, sub: Graph, region: _Region, outputs: list[int],
                    written: set[int]) -> dict[fx.Node, fx.Node]:
     """Call ``sub`` where ``region`` was; return {replaced region node: call output item}."""
-    from ipuxl.capture.builder import _root
+    from ipuxl.ir.build import _root
 
     fxg = graph.fx
     # after the region's last op: leaves it reads (variables made between its ops) exist by then
@@ -336,7 +336,7 @@ def _call_in_place(graph: Graph, sub: Graph, region: _Region, outputs: list[int]
             items.append(item)
     call.meta.update({
         "val": tuple(region.nodes[j].meta["val"] for j in outputs), "ipuxl_op": "call",
-        "ipuxl_called_graph": sub, "ipuxl_op_id": graph.ir._next_op_id(),
+        "ipuxl_called_graph": sub, "ipuxl_op_id": graph.ir.next_op_id(),
         "ipuxl_source": region.nodes[0].meta.get("ipuxl_source"), "ipuxl_outlined": True,
     })
     if written:

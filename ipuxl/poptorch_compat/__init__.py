@@ -1,6 +1,6 @@
 """PopTorch's programming model on ipuxl: ``trainingModel``, ``inferenceModel``,
-``identity_loss`` (``Options`` and ``DataLoader`` live in ``ipuxl.options`` and
-``ipuxl.dataloader``).
+``identity_loss`` (``Options`` and ``DataLoader`` live in ``ipuxl.poptorch_compat.options`` and
+``ipuxl.poptorch_compat.dataloader``).
 
 The wrappers are built from the same pieces as the PopXL front end: torch.fx
 capture into the IR (``ipuxl.capture.trace``), ``transforms.autodiff``, the

@@ -40,8 +40,8 @@ from ipuxl.errors import (
     StreamInputError, TraceError,
 )
 from ipuxl.ir.context import user_source_line
-from ipuxl.optim.translate import initial_state, translate, write_state
-from ipuxl.options import Options
+from ipuxl.poptorch_compat.translate import initial_state, translate, write_state
+from ipuxl.poptorch_compat.options import Options
 from ipuxl.passes.outline import outline_ir
 from ipuxl.device.replicas import world
 from ipuxl.poptorch_compat.program import Program, build_program, optimizer_structure, reduce_replicated_outputs
@@ -581,7 +581,7 @@ class PoplarExecutor:
         self.copyWeightsToDevice()
 
     def report(self, spec: Any = None) -> Any:
-        """The compiled program's ``ipuxl.report.ProgramReport`` (op counts, code size with
+        """The compiled program's ``ipuxl.device.report.ProgramReport`` (op counts, code size with
         outlining, call sites, memory per IPU, FLOPs per step); ``print`` it for a table."""
         if self._session is None:
             raise DetachedError("report(): the model has not been compiled yet", where=user_source_line(),

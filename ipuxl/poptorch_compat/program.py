@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from ipuxl.capture.graph_builder import constant, variable
+from ipuxl.ir.graph_builder import constant, variable
 from ipuxl.capture.trace import SEED_DTYPE, TracedModule, graph_from_trace
 from ipuxl.dtypes import to_numpy_dtype
 from ipuxl.ir.context import in_sequence
@@ -51,7 +51,7 @@ from ipuxl.ops.collectives import replicated_all_reduce
 from ipuxl.ops.random import split_random_seed
 from ipuxl.ops.var_updates import copy_var_update_
 from ipuxl.optim.rules import RULES, state_specs
-from ipuxl.options import OutputMode
+from ipuxl.poptorch_compat.options import OutputMode
 from ipuxl.transforms import autodiff
 
 __all__ = ["Program", "build_program", "reduce_outputs", "reduce_replicated_outputs", "optimizer_structure",

@@ -219,7 +219,7 @@ def test_inlined_blocks_run_out_of_code_memory_where_outlined_fits(monkeypatch):
 
 
 def test_existing_example_fits_the_default_ipu():
-    from ipuxl.report import mlp_training_ir
+    from ipuxl.device.report import mlp_training_ir
 
     result = estimate(mlp_training_ir(batch_size=8), SPEC)
     assert result.fits

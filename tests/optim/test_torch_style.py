@@ -1,4 +1,4 @@
-"""ipuxl.optim.torch_style: PopTorch-style optimisers against torch.optim and references.
+"""ipuxl.poptorch_compat.optim: PopTorch-style optimisers against torch.optim and references.
 
 With the extras at their defaults the eager step is torch.optim's own, so results are
 compared bit for bit. LAMB and the non-default extras (float16 states, AdamW without
@@ -15,7 +15,7 @@ import torch
 from torch.testing import assert_close
 
 from ipuxl.errors import InvalidArgumentError
-from ipuxl.optim import torch_style as ts
+from ipuxl.poptorch_compat import optim as ts
 
 STEPS = 4
 EXACT = dict(rtol=0, atol=0)

@@ -9,7 +9,7 @@ from torch.testing import assert_close
 import ipuxl
 import ipuxl.ops as ops
 from ipuxl import transforms
-from ipuxl.ir.lower import CallTarget, RepeatTarget
+from ipuxl.ir.calls import CallTarget, RepeatTarget
 
 F64 = ipuxl.float64
 DEPTH = 4

@@ -161,7 +161,7 @@ def test_update_whose_gradient_depends_on_the_weight_is_accepted():
 
 
 def test_optimiser_modules_and_rules_in_sequence_are_accepted():
-    from ipuxl.optim.modules import AdamWUpdate, SGDUpdate
+    from ipuxl.addons_compat.optimizers import AdamWUpdate, SGDUpdate
 
     ir = ipuxl.Ir()
     with ir.main_graph:

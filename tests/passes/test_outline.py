@@ -7,7 +7,7 @@ import pytest
 import ipuxl
 import ipuxl.ops as ops
 from ipuxl.errors import OutlineError
-from ipuxl.ir.lower import CallTarget
+from ipuxl.ir.calls import CallTarget
 from ipuxl.passes.outline import deduplicate, outline_graph, outline_ir
 
 F32 = ipuxl.float32
@@ -80,7 +80,7 @@ def test_in_place_updates_in_blocks_reach_the_callers_variables():
     np.testing.assert_array_equal(y, y_ref)
     for got, expected in zip(w, w_ref):
         np.testing.assert_array_equal(got, expected)
-    assert not np.array_equal(w[0], ir._variables["w0"].data)  # the updates did run
+    assert not np.array_equal(w[0], ir.variable_records["w0"].data)  # the updates did run
 
 
 def test_nothing_to_outline_leaves_the_graph_alone():

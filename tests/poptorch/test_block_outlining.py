@@ -16,7 +16,7 @@ from torch.testing import assert_close
 import ipuxl
 from ipuxl.capture.trace import trace_module
 from ipuxl.ir.call_op import is_call_graph_node
-from ipuxl.ir.lower import CallTarget
+from ipuxl.ir.calls import CallTarget
 from ipuxl.ops.random import modify_seed_impl, offset_seed_impl
 from ipuxl.poptorch_compat import DropoutReplay
 

@@ -1,4 +1,4 @@
-"""``ipuxl.dataloader``: PopTorch-style ``DataLoader`` batch sizes, modes and errors."""
+"""``ipuxl.poptorch_compat.dataloader``: PopTorch-style ``DataLoader`` batch sizes, modes and errors."""
 from __future__ import annotations
 
 import threading
@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
-from ipuxl.dataloader import DataLoader, DataLoaderMode
+from ipuxl.poptorch_compat.dataloader import DataLoader, DataLoaderMode
 from ipuxl.errors import FrozenOptionsError, InvalidArgumentError, OptionsError
-from ipuxl.options import Options
+from ipuxl.poptorch_compat.options import Options
 from tests.poptorch._checks import raises_in
 
 raises = raises_in(__file__)

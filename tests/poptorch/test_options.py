@@ -1,4 +1,4 @@
-"""``ipuxl.options``: PopTorch-style ``Options`` defaults, setters, validation and freezing."""
+"""``ipuxl.poptorch_compat.options``: PopTorch-style ``Options`` defaults, setters, validation and freezing."""
 from __future__ import annotations
 
 import pickle
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ipuxl.errors import FrozenOptionsError, InvalidArgumentError, OptionsError
-from ipuxl.options import AnchorMode, Options, OutputMode
+from ipuxl.poptorch_compat.options import AnchorMode, Options, OutputMode
 from tests.poptorch._checks import raises_in
 
 raises = raises_in(__file__)

@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_map
 
 from ipuxl.errors import GraphContextError, InvalidArgumentError, ShapeMismatchError
 from ipuxl.ir import context
-from ipuxl.ir.graph import Graph, _identifier, describe
+from ipuxl.ir.graph import Graph, identifier, describe
 from ipuxl.ir.tensor import Tensor
 
 __all__ = ["emit", "check_same_graph", "check_same_shape", "check_writable"]
@@ -70,9 +70,9 @@ def emit(
     node_args = tree_map(_to_node, tuple(args))
     node_kwargs = tree_map(_to_node, dict(kwargs))
     node = graph.fx.create_node("call_function", target, node_args, node_kwargs,
-                                name=_identifier(name or op_name))
+                                name=identifier(name or op_name))
     _record(node, op_name, meta_out, name)
-    node.meta["ipuxl_op_id"] = graph.ir._next_op_id()
+    node.meta["ipuxl_op_id"] = graph.ir.next_op_id()
     if modifies is not None:
         node.meta["ipuxl_modifies"] = _root(modifies.node)
     elif aliases is not None:

@@ -16,7 +16,7 @@
   ``repeat_count`` times per loop. Per step (one run of the main program = one device
   iteration), per ``Session.run`` (x ``num_host_transfers``) and over all replicas.
 
-``str(report)`` is a readable table. ``python -m ipuxl.report [--blocks N]
+``str(report)`` is a readable table. ``python -m ipuxl.device.report [--blocks N]
 [--outlined]`` prints the report of a small MLP training program (popxl.addons style,
 seed 002's model by default) without needing data.
 """
@@ -36,7 +36,7 @@ from ipuxl.device.resources import (
     CallSite, IpuSpec, ResourceEstimate, _callee, call_sites, estimate, graph_code_bytes, is_inlined, is_op, is_view,
     op_type, reachable_graphs,
 )
-from ipuxl.ir.lower import RepeatTarget
+from ipuxl.ir.calls import RepeatTarget
 from ipuxl.passes.liveness import live_profile
 
 if TYPE_CHECKING:
@@ -350,7 +350,7 @@ def mlp_training_ir(batch_size: int = 8, hidden: int = 512, blocks: int = 2, out
 
 
 def main(argv: Sequence[str] | None = None) -> ProgramReport:
-    parser = argparse.ArgumentParser(prog="python -m ipuxl.report",
+    parser = argparse.ArgumentParser(prog="python -m ipuxl.device.report",
                                      description="Print the program report of an MLP training program (no data needed).")
     parser.add_argument("--blocks", type=int, default=2, help="hidden blocks (2: seed 002's 4-layer MLP)")
     parser.add_argument("--outlined", action="store_true", help="one forward and one backward graph for all blocks")

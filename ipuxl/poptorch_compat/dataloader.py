@@ -58,7 +58,7 @@ from torch.utils import _pytree as pytree
 
 from ipuxl.errors import InvalidArgumentError, OptionsError
 from ipuxl.ir.context import user_source_line
-from ipuxl.options import Options
+from ipuxl.poptorch_compat.options import Options
 
 __all__ = ["DataLoader", "DataLoaderMode"]
 

@@ -79,7 +79,7 @@ def plan_replicas(ir: Ir) -> ReplicaPlan:
                         f"stride {stride}, which does not divide the {replicas} replicas",
                         where=node.meta.get("ipuxl_source"),
                         fix="build the group with ir.replica_grouping(...) of this Ir's replication factor")
-    for record in ir._variables.values():
+    for record in ir.variable_records.values():
         if record.grouping is not None and record.grouping.replication_factor != replicas:
             raise ReplicationError(
                 f"variable '{record.tensor.name}' has {record.grouping}, the Ir has {replicas} replicas",

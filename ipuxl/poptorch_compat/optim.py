@@ -4,7 +4,7 @@
 the same name and take the same arguments, followed by PopTorch's extras (keyword
 only); ``LAMB`` is a ``torch.optim.Optimizer`` of its own. Every extra is recorded in
 ``defaults`` and in every param group, so groups can differ (``[{"params": ...,
-"loss_scaling": 128.0}, ...]``); ``ipuxl.optim.translate`` reads them from the groups.
+"loss_scaling": 128.0}, ...]``); ``ipuxl.poptorch_compat.translate`` reads them from the groups.
 
 Extras:
 

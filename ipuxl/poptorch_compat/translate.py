@@ -27,9 +27,9 @@ import torch
 
 from ipuxl.errors import InvalidArgumentError
 from ipuxl.ir.context import user_source_line
-from ipuxl.optim import torch_style
+from ipuxl.poptorch_compat import optim as torch_style
 from ipuxl.optim.rules import StateSpec, state_specs
-from ipuxl.optim.torch_style import LAMB_MAX_WEIGHT_NORM, TORCH_STATE_NAMES, explicit_state_dtypes, scalar_dtype
+from ipuxl.poptorch_compat.optim import LAMB_MAX_WEIGHT_NORM, TORCH_STATE_NAMES, explicit_state_dtypes, scalar_dtype
 
 __all__ = ["ParamPlan", "translate", "initial_state", "write_state", "SUPPORTED"]
 

@@ -51,7 +51,7 @@ def build_graph(ir: "Ir", fn: Callable[..., Any], args: tuple, kwargs: dict) -> 
     """Implementation of ``Ir.create_graph`` (see the module docstring)."""
     target = fn.build if isinstance(fn, Module) else fn
     name = type(fn).__qualname__ if isinstance(fn, Module) else getattr(fn, "__qualname__", "graph")
-    graph = ir._new_graph(name.replace(".<locals>", ""))
+    graph = ir.new_subgraph(name.replace(".<locals>", ""))
     bound = _bind(target, name, args, kwargs)
     by_ref = _by_ref_params(target)
     var_keyword = {p.name for p in inspect.signature(target).parameters.values() if p.kind is p.VAR_KEYWORD}
@@ -62,7 +62,7 @@ def build_graph(ir: "Ir", fn: Callable[..., Any], args: tuple, kwargs: dict) -> 
             else:
                 bound.arguments[param] = _as_inputs(graph, param, value, by_ref=param in by_ref)
         result = target(*bound.args, **bound.kwargs)
-        graph._set_outputs(_outputs(graph, name, result))
+        graph.set_outputs(_outputs(graph, name, result))
     return graph
 
 
@@ -71,7 +71,7 @@ def graph_input(shape: Any, dtype: torch.dtype, name: str | None = None,
     """Add an input of ``shape`` and ``dtype`` to the current graph."""
     graph = context.gcg()
     spec = TensorSpec(tuple(shape), dtype, tuple(meta_shape or ()))
-    return graph._add_input(spec, name or "t", by_ref=by_ref)
+    return graph.add_input(spec, name or "t", by_ref=by_ref)
 
 
 def variable(data: Any, dtype: torch.dtype | None = None, name: str | None = None,
@@ -101,11 +101,11 @@ def variable(data: Any, dtype: torch.dtype | None = None, name: str | None = Non
     array, torch_dtype = _host_array(data, dtype, downcast, f"variable '{name or 'variable'}'")
     ir = graph.ir
     shape = _grouped_shape(ir, name or "variable", array.shape, replica_grouping, retrieval_mode)
-    attr = ir._unique(set(ir._variables) | set(graph.constants), _attr_name(name or "variable"))
+    attr = ir.unique_name(set(ir.variable_records) | set(graph.constants), _attr_name(name or "variable"))
     node = graph.fx.get_attr(attr)
     _record_leaf(node, shape, torch_dtype, name or attr, "variable")
     tensor = graph.wrap(node, Variable)
-    ir._variables[attr] = VariableRecord(tensor, array, replica_grouping, retrieval_mode or "one_per_group")
+    ir.variable_records[attr] = VariableRecord(tensor, array, replica_grouping, retrieval_mode or "one_per_group")
     return tensor  # type: ignore[return-value]
 
 
@@ -143,7 +143,7 @@ def constant(data: Any, dtype: torch.dtype | None = None, name: str | None = Non
     """Create a constant tensor in the current graph."""
     graph = context.gcg()
     array, torch_dtype = _host_array(data, dtype, downcast, f"constant '{name or 'constant'}'")
-    attr = graph.ir._unique(set(graph.constants) | set(graph.ir._variables), _attr_name(name or "constant"))
+    attr = graph.ir.unique_name(set(graph.constants) | set(graph.ir.variable_records), _attr_name(name or "constant"))
     graph.constants[attr] = torch.from_numpy(array).to(torch_dtype)
     node = graph.fx.get_attr(attr)
     _record_leaf(node, array.shape, torch_dtype, name or attr, "constant")
@@ -181,7 +181,7 @@ def _as_inputs(graph: "Graph", param: str, value: Any, by_ref: bool = False) -> 
         return _as_inputs(graph, param, value.value, by_ref=True)
     if isinstance(value, (Tensor, TensorSpec)):
         spec = value.spec if isinstance(value, Tensor) else value
-        return graph._add_input(spec, param, by_ref=by_ref)
+        return graph.add_input(spec, param, by_ref=by_ref)
     if isinstance(value, (list, tuple)) and any(isinstance(v, (Tensor, TensorSpec, TensorByRef)) for v in value):
         return type(value)(_as_inputs(graph, f"{param}_{i}", v, by_ref) for i, v in enumerate(value))
     if isinstance(value, dict):  # a dict for a normal parameter is passed through, as in PopXL

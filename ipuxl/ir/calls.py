@@ -1,0 +1,127 @@
+"""Calls of subgraphs in the IR: the node types and the walks over called graphs.
+
+A call of graph ``g`` is an fx ``call_function`` node whose target is
+``CallTarget(g)`` (``ops.call``) or ``RepeatTarget(g, n)`` (``ops.repeat``); its
+tuple of outputs is read through ``operator.getitem`` nodes. Ask these questions
+through the functions here (``callee``, ``is_repeat``, ``called_graphs``,
+``reachable_graphs``...), never by importing the lowering module.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+
+import torch.fx as fx
+
+from ipuxl.ir.graph import identifier
+
+if TYPE_CHECKING:
+    from ipuxl.ir.graph import Graph
+    from ipuxl.ir.ir import Ir
+
+__all__ = [
+    "CallTarget", "RepeatTarget", "run_repeat", "callee", "is_call", "is_repeat", "repeat_count", "call_nodes",
+    "called_graphs", "reachable_graphs", "reachable_from", "any_reachable",
+]
+
+
+class CallTarget:
+    """Target of an fx node that calls a subgraph (``ops.call``).
+
+    Calling it directly lowers the callee on the fly (slow; for debugging with
+    ``fx.Interpreter``). The device replaces it by the callee's compiled code.
+    """
+
+    def __init__(self, graph: "Graph"):
+        self.graph = graph
+        self.__name__ = identifier(f"call_{graph.name}")
+
+    def __call__(self, *args: Any) -> tuple:
+        from ipuxl.ir.lower import graph_callable  # lowering builds on this module
+
+        return graph_callable(self.graph)(*args)
+
+
+class RepeatTarget(CallTarget):
+    """Target of an fx node that runs a subgraph ``count`` times (``ops.repeat``)."""
+
+    def __init__(self, graph: "Graph", count: int):
+        super().__init__(graph)
+        self.count = count
+        self.__name__ = identifier(f"repeat_{graph.name}")
+
+    def __call__(self, *args: Any) -> tuple:
+        from ipuxl.ir.lower import graph_callable
+
+        return run_repeat(graph_callable(self.graph), self.count, len(self.graph.outputs), args)
+
+
+def run_repeat(body: Callable[..., tuple], count: int, n_carried: int, args: tuple) -> tuple:
+    """PopXL's loop: outputs ``i < n_carried`` feed inputs ``i`` of the next iteration."""
+    values = list(args)
+    if count == 0:
+        return tuple(v.clone() for v in values[:n_carried])
+    for _ in range(count):
+        values[:n_carried] = body(*values)
+    return tuple(values[:n_carried])
+
+
+# -- questions about one node -----------------------------------------------------------
+def callee(node: Any) -> "Graph | None":
+    """The graph ``node`` calls (``ops.call`` or ``ops.repeat``), else ``None``."""
+    target = getattr(node, "target", None)
+    return target.graph if isinstance(target, CallTarget) and node.op == "call_function" else None
+
+
+def is_call(node: Any) -> bool:
+    """True for a call or repeat of a subgraph."""
+    return callee(node) is not None
+
+
+def is_repeat(node: Any) -> bool:
+    """True for an ``ops.repeat`` node."""
+    return isinstance(getattr(node, "target", None), RepeatTarget)
+
+
+def repeat_count(node: fx.Node) -> int:
+    """How many times ``node`` runs its callee: the loop count of a repeat, 1 for a call."""
+    target = node.target
+    return target.count if isinstance(target, RepeatTarget) else 1
+
+
+# -- walks over called graphs --------------------------------------------------------------
+def call_nodes(graph: "Graph") -> Iterator[fx.Node]:
+    """The call and repeat nodes of ``graph``, in program order."""
+    return (n for n in graph.fx.nodes if is_call(n))
+
+
+def called_graphs(graph: "Graph") -> list["Graph"]:
+    """The graphs ``graph`` calls directly, each once, in order of first call."""
+    found: dict["Graph", None] = {}
+    for node in call_nodes(graph):
+        found.setdefault(callee(node))  # type: ignore[arg-type]
+    return list(found)
+
+
+def reachable_from(roots: Iterable["Graph"]) -> list["Graph"]:
+    """``roots`` and every graph they call, directly or not; each once, depth first."""
+    seen: dict["Graph", None] = {}
+    todo = list(roots)[::-1]
+    while todo:
+        graph = todo.pop()
+        if graph in seen:
+            continue
+        seen[graph] = None
+        todo.extend(reversed(called_graphs(graph)))
+    return list(seen)
+
+
+def reachable_graphs(ir: "Ir") -> list["Graph"]:
+    """The main graph and every graph it calls, directly or not (the ones the device
+    compiles), in the IR's order of creation."""
+    seen = set(reachable_from([ir.main_graph]))
+    return [g for g in ir.graphs if g in seen]
+
+
+def any_reachable(graph: "Graph", predicate: Callable[[fx.Node], bool]) -> bool:
+    """True when ``predicate`` holds for a node of ``graph`` or of a graph it calls."""
+    return any(predicate(n) for g in reachable_from([graph]) for n in g.fx.nodes)
