@@ -144,7 +144,7 @@ def _grad_info(graph: Graph) -> GradGraphInfo:
 def _refuse_collectives(graph: Graph, seen: set | None = None) -> None:
     """Collectives have no gradient rule yet: say so instead of failing inside the trace."""
     from ipuxl.ir.calls import CallTarget
-    from ipuxl.device.replica_plan import COLLECTIVE_OPS
+    from ipuxl.ir.meta import COLLECTIVE_OPS
 
     seen = set() if seen is None else seen
     seen.add(graph)

@@ -51,7 +51,7 @@ from ipuxl.ir.call_op import CallEntry, is_call_graph_node
 from ipuxl.ir.context import traceback_source_line, user_source_line
 from ipuxl.ir.fx_import import copy_fx_body
 from ipuxl.ir.tensor import TensorSpec
-from ipuxl.passes.outline import MIN_SAVINGS  # what an outlined block must save over all its copies
+from ipuxl.ir.calls import MIN_SAVINGS  # what an outlined block must save over all its copies
 
 __all__ = ["TracedModule", "trace_module", "graph_from_trace", "identity_loss", "SEED_SHAPE", "seed_words",
            "DropoutReplay"]

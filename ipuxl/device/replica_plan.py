@@ -19,13 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ipuxl.device.replicas import world
+from ipuxl.ir.meta import COLLECTIVE_OPS
 from ipuxl.errors import ReplicationError
 from ipuxl.ir.ir import Ir, VariableRecord
 
-__all__ = ["ReplicaPlan", "plan_replicas", "COLLECTIVE_OPS"]
+__all__ = ["ReplicaPlan", "plan_replicas"]
 
-COLLECTIVE_OPS = ("replicated_all_reduce", "replicated_all_reduce_", "replicated_reduce_scatter",
-                  "replicated_all_gather")
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CallTarget", "RepeatTarget", "run_repeat", "callee", "is_call", "is_repeat", "repeat_count", "call_nodes",
-    "called_graphs", "reachable_graphs", "reachable_from", "any_reachable",
+    "called_graphs", "reachable_graphs", "reachable_from", "any_reachable", "CALL_COST", "MIN_SAVINGS",
 ]
+
+#: A call site's cost in ops (the resource model charges a call a few control instructions).
+CALL_COST = 0.1
+
+#: Op instances a repeated region must save over all its copies to be outlined into one
+#: called graph (by the outlining pass, and by module capture for repeated blocks): two
+#: copies of a small layer stay inline (the device can then fuse across them); N blocks
+#: of a deep model do not.
+MIN_SAVINGS = 8.0
 
 
 class CallTarget:

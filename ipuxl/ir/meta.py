@@ -27,7 +27,7 @@ from __future__ import annotations
 
 __all__ = [
     "NAME", "ROLE", "BY_REF", "STREAM", "OP", "OP_ID", "SOURCE", "IN_SEQUENCE", "MODIFIES", "VIEW_OF", "WRITES",
-    "CALLED_GRAPH", "BY_REF_ARGS", "OUTLINED", "NEGATED", "META_SHAPE", "Role",
+    "CALLED_GRAPH", "BY_REF_ARGS", "OUTLINED", "NEGATED", "META_SHAPE", "Role", "COLLECTIVE_OPS",
 ]
 
 NAME = "ipuxl_name"
@@ -81,3 +81,9 @@ class Role:
     """A captured module's random-seed input (``capture``: dropout seeds derive from it)."""
 
     STREAMS = (H2D, D2H)
+
+
+#: ``OP`` values of the collectives (``ops.collectives``): ops whose result depends on
+#: every replica, which passes keep in order and autodiff refuses.
+COLLECTIVE_OPS = ("replicated_all_reduce", "replicated_all_reduce_", "replicated_reduce_scatter",
+                  "replicated_all_gather")

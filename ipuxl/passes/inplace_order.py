@@ -16,7 +16,7 @@ Side effects (what an op does besides computing its outputs):
   *by value* writes a clone that lowering makes at the call, so that call is a plain
   read of the caller's tensor;
 - host stores (``host_store`` writes its d2h slot; stores keep their order);
-- collectives (``ipuxl.device.replica_plan.COLLECTIVE_OPS``, and calls of graphs that
+- collectives (``ipuxl.ir.meta.COLLECTIVE_OPS``, and calls of graphs that
   contain one): every replica must meet in the same order, so they keep their order;
 - ops built under ``with ipuxl.in_sequence():`` keep their relative order.
 
@@ -37,7 +37,7 @@ import torch.fx as fx
 
 from ipuxl.errors import InplaceOrderError
 from ipuxl.ir.calls import CallTarget
-from ipuxl.device.replica_plan import COLLECTIVE_OPS
+from ipuxl.ir.meta import COLLECTIVE_OPS
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph

@@ -33,7 +33,7 @@ import torch.fx as fx
 
 from ipuxl.errors import OutlineError
 from ipuxl.ir.graph import Graph
-from ipuxl.ir.calls import CallTarget, RepeatTarget
+from ipuxl.ir.calls import CALL_COST, MIN_SAVINGS, CallTarget, RepeatTarget
 from ipuxl.ir.tensor import TensorSpec
 
 __all__ = ["outline_graph", "outline_ir", "deduplicate", "OutlineSummary"]
@@ -185,10 +185,6 @@ def _meta_referenced_outside(graph: Graph, regions: list[_Region]) -> set[int]:
 
 
 # -- finding repeats ----------------------------------------------------------------------
-#: A call site's cost in ops (the resource model charges a call a few control instructions).
-CALL_COST = 0.1
-
-
 def _weight(node: fx.Node) -> float:
     """What one op costs in compiled code: tuple items nothing, calls little."""
     if node.target is operator.getitem:
@@ -222,10 +218,6 @@ def _savings(period_weight: float, copies: int) -> float:
     """Code removed by calling one graph ``copies`` times instead of inlining it."""
     return (copies - 1) * period_weight - copies * CALL_COST
 
-
-#: Op instances a repeat must save to be outlined by default: two copies of a small
-#: layer stay inline (the device can then fuse across them); N blocks of a deep model do not.
-MIN_SAVINGS = 8.0
 
 
 def outline_graph(graph: Graph, min_ops: int = 2, max_tries: int = 64,
