@@ -28,5 +28,5 @@ setup(
     packages=find_packages(include=["ipuxl", "ipuxl.*"]),
     python_requires=">=3.10",
     install_requires=[*_torch_requirements(), "numpy", "tqdm"],
-    extras_require={"test": ["pytest"]},
+    extras_require={"test": ["pytest", "mypy==2.4.1"]},  # mypy: .ci/run type-checks ipuxl/
 )

@@ -10,14 +10,15 @@ The model is N identical blocks then a Linear head and cross-entropy, wrapped wi
 * ``mlp``: a transformer's MLP block, ``x + Linear(GELU(Linear(LayerNorm(x))))``
   with a 2x wider hidden layer (6 parameters).
 
-Phases, timed by wrapping the executor's steps (median of ``--repeats`` fresh models):
+Phases, timed by wrapping the steps of ``compile_model`` (median of ``--repeats`` fresh models):
 
-* capture: ``trace_module`` (make_fx of forward + loss; with outlining each kind of
+* capture: ``capture`` (make_fx of forward + loss; with outlining each kind of
   block is traced once and its other runs are recorded as calls);
-* passes: ``build_program`` (autodiff, which differentiates a called block once and
-  builds the grad graph from calls at the IR level, and the step program);
-* outline: ``passes.outline.outline_ir`` (when on: what capture did not outline, such
-  as the optimiser's per-weight updates);
+* passes: ``import_forward``, ``differentiate`` and ``build_program`` (the IR import;
+  autodiff, which differentiates a called block once and builds the grad graph from
+  calls at the IR level; the step program);
+* outline: ``outline_program`` (``passes.outline.outline_ir``, when on: what capture
+  did not outline, such as the optimiser's per-weight updates);
 * compile: ``Session(...)`` (lowering every graph to Python code once, the resource check);
 
 plus the program size the IPU resource model charges (op instances, each graph once)
@@ -37,8 +38,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import ipuxl
+import ipuxl.poptorch_compat.compile as compile_steps
 import ipuxl.poptorch_compat.executor as executor
 from ipuxl.ir.calls import CallTarget
+from ipuxl.ir.meta import OP
+from ipuxl.poptorch_compat.program import Program
 
 
 class Block(nn.Module):
@@ -76,7 +80,12 @@ class Net(nn.Module):
 
 
 class PhaseTimer:
-    """Wraps the executor's capture, program build and Session in timers."""
+    """Times the compile steps (``poptorch_compat.compile``) and the executor's Session, by phase."""
+
+    # (module, function, phase): the passes phase is the IR import, autodiff and the step program
+    STEPS = ((compile_steps, "capture", "capture"), (compile_steps, "import_forward", "passes"),
+             (compile_steps, "differentiate", "passes"), (compile_steps, "build_program", "passes"),
+             (compile_steps, "outline_program", "outline"), (executor, "Session", "compile"))
 
     def __init__(self) -> None:
         self.times: dict[str, float] = {}
@@ -87,29 +96,28 @@ class PhaseTimer:
             start = time.perf_counter()
             result = fn(*args, **kwargs)
             self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - start
-            if name == "passes":
+            if isinstance(result, Program):
                 self.programs.append(result)
             return result
 
         return timed
 
     def __enter__(self) -> "PhaseTimer":
-        self._saved = (executor.trace_module, executor.build_program, executor.outline_ir, executor.Session)
-        executor.trace_module = self._wrap("capture", executor.trace_module)
-        executor.build_program = self._wrap("passes", executor.build_program)
-        executor.outline_ir = self._wrap("outline", executor.outline_ir)
-        executor.Session = self._wrap("compile", executor.Session)
+        self._saved = [getattr(module, attr) for module, attr, _ in self.STEPS]
+        for (module, attr, phase), fn in zip(self.STEPS, self._saved):
+            setattr(module, attr, self._wrap(phase, fn))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        executor.trace_module, executor.build_program, executor.outline_ir, executor.Session = self._saved
+        for (module, attr, _), fn in zip(self.STEPS, self._saved):
+            setattr(module, attr, fn)
 
 
 def code_ops(ir: Any) -> int:
     """Op instances in compiled code: every graph once; calls and tuple items not counted."""
     return sum(1 for g in ir.graphs for n in g.fx.nodes
                if n.op == "call_function" and not isinstance(n.target, CallTarget)
-               and n.meta.get("ipuxl_op") != "output_of" and getattr(n.target, "__name__", "") != "getitem")
+               and n.meta.get(OP) != "output_of" and getattr(n.target, "__name__", "") != "getitem")
 
 
 def compile_once(blocks: int, width: int, outline: bool, block: str, seed: int = 0):

@@ -13,10 +13,19 @@ PopXL-style use::
     with ir.main_graph:
         x = ops.host_load(ipuxl.h2d_stream((2,), ipuxl.float32, "x"))
         ...
+
+The PopXL core (``Ir``, ``Graph``, tensors, streams, ``ops``, dtypes, errors) loads
+with the package; the rest loads on first use of one of its names (PEP 562): the
+device (``Session``), the passes (``transforms``), the PopTorch front end
+(``trainingModel``, ``Options``...) and the optimisers (``optim``). So a program that
+only builds graphs, ``import ipuxl.ops`` included, does not pay for them.
 """
-from ipuxl import dtypes, errors, ops, optim, transforms
-from ipuxl.ir.graph_builder import Module, constant, graph_input, variable
-from ipuxl.device import Session
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ipuxl import dtypes, errors, ops
 from ipuxl.dtypes import (
     dtype, bfloat16, bool, float16, float32, float64, int8, int16, int32, int64, uint8, uint32,
 )
@@ -24,13 +33,49 @@ from ipuxl.ir import (
     Constant, DeviceToHostStream, Graph, HostToDeviceStream, Ir, ReplicaGrouping, Tensor, TensorByRef, TensorSpec,
     Variable, d2h_stream, gcg, get_current_graph, h2d_stream, in_sequence,
 )
-from ipuxl.ops.random import create_seeds
 from ipuxl.ir.context import replica_grouping
-from ipuxl.poptorch_compat.options import AnchorMode, Options, OutputMode
-from ipuxl.poptorch_compat.dataloader import DataLoader, DataLoaderMode
-from ipuxl.poptorch_compat import PoplarExecutor, identity_loss, inferenceModel, trainingModel
+from ipuxl.ir.graph_builder import Module, constant, graph_input, variable
+from ipuxl.ops.random import create_seeds
+
+if TYPE_CHECKING:  # what the lazily loaded names are, for type checkers and readers
+    from ipuxl import optim, transforms
+    from ipuxl.device import Session
+    from ipuxl.poptorch_compat import PoplarExecutor, identity_loss, inferenceModel, trainingModel
+    from ipuxl.poptorch_compat.dataloader import DataLoader, DataLoaderMode
+    from ipuxl.poptorch_compat.options import AnchorMode, Options, OutputMode
 
 __version__ = "0.1.0"
+
+#: name -> (module, attribute in it; None for the module itself), loaded on first use
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "optim": ("ipuxl.optim", None),
+    "transforms": ("ipuxl.transforms", None),
+    "Session": ("ipuxl.device", "Session"),
+    "AnchorMode": ("ipuxl.poptorch_compat.options", "AnchorMode"),
+    "Options": ("ipuxl.poptorch_compat.options", "Options"),
+    "OutputMode": ("ipuxl.poptorch_compat.options", "OutputMode"),
+    "DataLoader": ("ipuxl.poptorch_compat.dataloader", "DataLoader"),
+    "DataLoaderMode": ("ipuxl.poptorch_compat.dataloader", "DataLoaderMode"),
+    "PoplarExecutor": ("ipuxl.poptorch_compat", "PoplarExecutor"),
+    "identity_loss": ("ipuxl.poptorch_compat", "identity_loss"),
+    "inferenceModel": ("ipuxl.poptorch_compat", "inferenceModel"),
+    "trainingModel": ("ipuxl.poptorch_compat", "trainingModel"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'ipuxl' has no attribute '{name}'")
+    module_name, attribute = _LAZY[name]
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value  # loaded once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "dtypes", "errors", "ops", "optim", "transforms", "Module", "constant", "graph_input", "variable", "Session",

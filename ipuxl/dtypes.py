@@ -6,6 +6,7 @@ conversions the host streams need.
 """
 from __future__ import annotations
 
+import builtins
 from typing import NoReturn
 
 import numpy as np
@@ -50,7 +51,7 @@ def to_numpy_dtype(dtype: torch.dtype) -> np.dtype:
     return np.dtype(_TO_NUMPY[dtype])
 
 
-def from_any(dtype: object, subject: str | None = None, *, host_data: bool = True) -> torch.dtype:
+def from_any(dtype: object, subject: str | None = None, *, host_data: builtins.bool = True) -> torch.dtype:
     """Turn a torch dtype, numpy dtype or PopXL-style name into a torch dtype.
 
     Args:
@@ -80,7 +81,7 @@ def from_any(dtype: object, subject: str | None = None, *, host_data: bool = Tru
     return _FROM_NUMPY[np_dtype]
 
 
-def check_supported(dtype: torch.dtype, subject: str | None = None, *, host_data: bool = True) -> torch.dtype:
+def check_supported(dtype: torch.dtype, subject: str | None = None, *, host_data: builtins.bool = True) -> torch.dtype:
     """``dtype`` itself when ipuxl can hold it on the device and stream it; raises otherwise.
 
     Raises:
@@ -92,7 +93,7 @@ def check_supported(dtype: torch.dtype, subject: str | None = None, *, host_data
     return dtype
 
 
-def _fix_for(dtype: np.dtype | torch.dtype, host_data: bool) -> str:
+def _fix_for(dtype: np.dtype | torch.dtype, host_data: builtins.bool) -> str:
     complex_ = dtype.is_complex if isinstance(dtype, torch.dtype) else dtype.kind == "c"
     if complex_ and host_data:
         return ("IPUs have no complex type: convert the data with data.astype(np.float32) (keeps the real "

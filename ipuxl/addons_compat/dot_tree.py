@@ -13,7 +13,7 @@ from typing import Any, Callable, Generic, Iterable, TypeVar
 
 from ipuxl.errors import InvalidArgumentError, NameConflictError
 
-__all__ = ["DotTree", "to_mapping", "sanitise"]
+__all__ = ["DotTree", "to_mapping", "sanitise", "clear_leaves"]
 
 L = TypeVar("L")
 V = TypeVar("V")
@@ -123,14 +123,6 @@ class DotTree(Generic[L]):
             tree._map[key] = value.copy() if isinstance(value, DotTree) else value
         return tree
 
-    def _clear(self) -> None:
-        """Remove all leaves, keeping subtree objects (submodules hold references to them)."""
-        for key, value in list(self._map.items()):
-            if isinstance(value, DotTree):
-                value._clear()
-            else:
-                self._map.pop(key)
-
     def _validate_key(self, key: str, overwrite: bool) -> None:
         if not overwrite and key in self._map:
             raise NameConflictError(f"'{key}' already exists in this {type(self).__name__}",
@@ -196,3 +188,13 @@ class DotTree(Generic[L]):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.to_dict()})"
+
+
+def clear_leaves(tree: DotTree[Any]) -> None:
+    """Remove every leaf of ``tree``, keeping its subtree objects (others may hold them:
+    a module's submodules share their trees with it)."""
+    for key, value in list(tree._map.items()):
+        if isinstance(value, DotTree):
+            clear_leaves(value)
+        else:
+            tree._map.pop(key)

@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from ipuxl.addons_compat.named_tensors import NamedTensors, TensorMap
 from ipuxl.errors import InvalidArgumentError
 from ipuxl.ir import context
+from ipuxl.ir.grad_info import GradGraphInfo
 from ipuxl.ir.graph import Graph
+from ipuxl.ir.meta import BY_REF
 from ipuxl.ir.printer import format_schedule
 from ipuxl.ir.tensor import Constant, Tensor, Variable
 from ipuxl.ops.call import CallSiteInfo, call_with_info
-from ipuxl.transforms import GradGraphInfo
 
 if TYPE_CHECKING:
     from ipuxl.addons_compat.module import Module
@@ -62,7 +63,7 @@ def _check_by_ref_inputs(graph: Graph, inputs: Mapping[Tensor, Any]) -> None:
     """A by-reference input is updated in place: it must receive a variable (or, in a
     subgraph, a tensor of that subgraph), never a constant."""
     for graph_input, value in inputs.items():
-        if not graph_input.node.meta.get("ipuxl_by_ref") or not isinstance(value, Tensor):
+        if not graph_input.node.meta.get(BY_REF) or not isinstance(value, Tensor):
             continue
         if isinstance(value, Constant) or (value.graph.is_main and not isinstance(value, Variable)):
             raise InvalidArgumentError(
@@ -117,7 +118,7 @@ class GraphWithNamedArgs:
     def autodiff(self, grads_provided: Iterable[Tensor] | None = None,
                  grads_required: Iterable[Tensor] | None = None, force: bool = False) -> "GraphWithNamedArgs":
         """The gradient graph (see ``addons_compat.autodiff``); once per graph unless ``force``."""
-        from ipuxl.addons_compat.transforms import autodiff
+        from ipuxl.addons_compat.transforms import autodiff  # it builds on this module: a cycle at import
 
         if self.autodiff_applied and not force:
             raise InvalidArgumentError(

@@ -9,6 +9,7 @@ import inspect
 import weakref
 from typing import Any, Callable
 
+from ipuxl.addons_compat.graph import BoundGraph, GraphWithNamedArgs
 from ipuxl.ir import context
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.tensor import Tensor, TensorSpec
@@ -17,8 +18,6 @@ __all__ = ["GraphCache"]
 
 
 def _argument_key(arg: Any) -> Any:
-    from ipuxl.addons_compat.graph import BoundGraph, GraphWithNamedArgs
-
     if isinstance(arg, (Tensor, TensorSpec)):
         return ("tensor", tuple(arg.shape), arg.dtype)
     if isinstance(arg, BoundGraph):

@@ -13,18 +13,19 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
+from ipuxl.addons_compat.dot_tree import clear_leaves
 from ipuxl.addons_compat.graph import GraphWithNamedArgs
 from ipuxl.addons_compat.graph_cache import GraphCache
 from ipuxl.addons_compat.named_tensors import NamedTensors
 from ipuxl.addons_compat.variable_factory import NamedVariableFactories, VariableFactory, add_variable_input
-from ipuxl.ir.graph_builder import Module as _PopXLModule
-from ipuxl.ir import context
+from ipuxl.errors import InvalidArgumentError, NameConflictError
+from ipuxl.ir import context, graph_builder
 from ipuxl.ir.tensor import Tensor
 
 __all__ = ["Module"]
 
 
-class Module(_PopXLModule):
+class Module(graph_builder.Module):
     """Base class of popxl.addons-style layers and models.
 
     Args:
@@ -37,19 +38,31 @@ class Module(_PopXLModule):
         ...         return x * w
     """
 
+    _sub_modules: list["Module"]
+
     def __init__(self, cache: bool = False):
-        object.__setattr__(self, "_variable_factories", NamedVariableFactories())
-        object.__setattr__(self, "_named_inputs", NamedTensors())
+        self._variable_factories = NamedVariableFactories()
+        self._named_inputs = NamedTensors()
         self._graph_cache = GraphCache() if cache else None
         self._args_cache: dict[Any, tuple[NamedVariableFactories, NamedTensors]] = {}
+
+    @property
+    def variable_factories(self) -> NamedVariableFactories:
+        """The factories of the named inputs added since the last graph (submodules' as subtrees)."""
+        return self._variable_factories
+
+    @property
+    def named_inputs(self) -> NamedTensors:
+        """The named inputs added since the last graph, by name (submodules' as subtrees)."""
+        return self._named_inputs
 
     # -- submodules ------------------------------------------------------------------
     def __setattr__(self, key: str, value: Any) -> None:
         if isinstance(value, Module) and "_named_inputs" in self.__dict__:
             # The submodule's trees become subtrees of ours (shared objects), so
             # inputs it adds while building appear here as "key.name".
-            self._variable_factories.insert(key, value._variable_factories, overwrite=True)
-            self._named_inputs.insert(key, value._named_inputs, overwrite=True)
+            self._variable_factories.insert(key, value.variable_factories, overwrite=True)
+            self._named_inputs.insert(key, value.named_inputs, overwrite=True)
         super().__setattr__(key, value)
 
     @classmethod
@@ -88,12 +101,19 @@ class Module(_PopXLModule):
         return tensor
 
     def add_variable_factory(self, factory: VariableFactory, name: str | None = None) -> Tensor:
-        """Add a named graph input made by an existing factory."""
-        name = name or factory.name
-        self._check_free(name, False)
+        """Add a named graph input made by an existing factory.
+
+        Raises:
+            InvalidArgumentError: neither ``name`` nor the factory gives a name.
+        """
+        key = name or factory.name
+        if not key:
+            raise InvalidArgumentError("add_variable_factory: the factory has no name and none was given",
+                                       fix="pass name=... or give the VariableFactory a name")
+        self._check_free(key, False)
         tensor = factory.create_input()
-        self._variable_factories.insert(name, factory)
-        self._named_inputs.insert(name, tensor)
+        self._variable_factories.insert(key, factory)
+        self._named_inputs.insert(key, tensor)
         return tensor
 
     def add_variable_inputs(self, name: str | int, variable_f: NamedVariableFactories,
@@ -111,8 +131,6 @@ class Module(_PopXLModule):
 
     def _check_free(self, name: str, overwrite: bool) -> None:
         if not overwrite and name in self._named_inputs:
-            from ipuxl.errors import NameConflictError
-
             raise NameConflictError(
                 f"{type(self).__name__} already has a variable input named '{name}'",
                 where=context.user_source_line(), fix="give each variable input of a module its own name")
@@ -139,8 +157,8 @@ class Module(_PopXLModule):
 
     def _reset(self) -> None:
         """Forget the inputs of the last graph (submodule subtrees are kept, emptied)."""
-        self._variable_factories._clear()
-        self._named_inputs._clear()
+        clear_leaves(self._variable_factories)
+        clear_leaves(self._named_inputs)
 
     def call_module(self, module: "Module", name: str | None = None) -> Callable[..., tuple[Tensor, ...]]:
         """Outline ``module``: build its graph, add its inputs under ``name`` and return a caller."""

@@ -33,7 +33,8 @@ class _RuleUpdate(Module):
     fixed: dict[str, Any] = {}
 
     def __init__(self, cache: bool = True, **state_dtypes: torch.dtype):
-        """Args: cache: reuse one graph per weight spec; ``<state>_dtype``: dtype of a state (e.g. ``first_order_dtype``)."""
+        """Args: cache: reuse one graph per weight spec; ``<state>_dtype``: dtype of a state
+        (e.g. ``first_order_dtype``)."""
         super().__init__(cache=cache)
         self.state_dtypes = state_dtypes
 
@@ -53,7 +54,8 @@ class SGDUpdate(_RuleUpdate):
 
 
 class AdamUpdate(_RuleUpdate):
-    """torch.optim.Adam: ``lr``, ``beta1``, ``beta2``, ``eps``, ``weight_decay`` (L2), ``amsgrad``, ``bias_correction``."""
+    """torch.optim.Adam: ``lr``, ``beta1``, ``beta2``, ``eps``, ``weight_decay`` (L2), ``amsgrad``,
+    ``bias_correction``."""
 
     rule = "adam"
 

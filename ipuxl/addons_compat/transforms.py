@@ -1,21 +1,22 @@
 """popxl.addons' transforms: ``autodiff`` and ``autodiff_with_accumulation``."""
 from __future__ import annotations
 
+from functools import partial
 from typing import Iterable
 
 import numpy as np
 
+from ipuxl import transforms
 from ipuxl.addons_compat.dot_tree import sanitise
 from ipuxl.addons_compat.graph import GraphWithNamedArgs
 from ipuxl.addons_compat.named_tensors import NamedTensors
-from ipuxl.addons_compat.variable_factory import NamedVariableFactories, add_variable_input
-from ipuxl.ir.graph_builder import constant
+from ipuxl.addons_compat.variable_factory import NamedVariableFactories, VariableFactory, add_variable_input
 from ipuxl.errors import AutodiffError
 from ipuxl.ir.context import in_sequence
+from ipuxl.ir.grad_info import GradGraphInfo
+from ipuxl.ir.graph_builder import constant
 from ipuxl.ir.tensor import Tensor
 from ipuxl.ops import var_updates
-from ipuxl.transforms import GradGraphInfo
-from ipuxl.transforms import autodiff as _autodiff
 
 __all__ = ["autodiff", "autodiff_with_accumulation"]
 
@@ -27,7 +28,7 @@ def autodiff(graph: GraphWithNamedArgs, grads_provided: Iterable[Tensor] | None 
     See ``ipuxl.transforms.autodiff``: the forward graph gains outputs for the
     activations the gradient graph needs.
     """
-    info = _autodiff(graph.graph, grads_provided=grads_provided, grads_required=grads_required)
+    info = transforms.autodiff(graph.graph, grads_provided=grads_provided, grads_required=grads_required)
     return GraphWithNamedArgs.from_grad_graph(info)
 
 
@@ -46,11 +47,11 @@ def autodiff_with_accumulation(graph: GraphWithNamedArgs, tensors_to_accumulate_
     """
     to_accumulate = list(tensors_to_accumulate_grads)
     required = list(grads_required or []) + [t for t in to_accumulate if t not in (grads_required or [])]
-    info = _autodiff(graph.graph, grads_required=required)
+    info = transforms.autodiff(graph.graph, grads_required=required)
     names = {t: name for name, t in graph.args.named_tensors.items()}
     grad_graph = info.graph
     inputs: dict[str, Tensor] = {}
-    factories = {}
+    factories: dict[str, VariableFactory] = {}
     with grad_graph, in_sequence(True):
         counter, factories["mean_accum_counter"] = add_variable_input(
             "mean_accum_counter", lambda: np.zeros((), np.float32), by_ref=True)
@@ -63,7 +64,7 @@ def autodiff_with_accumulation(graph: GraphWithNamedArgs, tensors_to_accumulate_
                                     fix="accumulate gradients of the forward graph's inputs")
             name = "accum." + names.get(tensor, sanitise(tensor.name))
             accum, factories[name] = add_variable_input(
-                name, lambda t=tensor: np.zeros(t.shape, np.float32), tensor.dtype, by_ref=True)
+                name, partial(np.zeros, tensor.shape, np.float32), tensor.dtype, by_ref=True)
             inputs[name] = accum
             var_updates.accumulate_mean_(accum, grad_graph.outputs[index], counter)
             removed.append(index)
@@ -74,5 +75,3 @@ def autodiff_with_accumulation(graph: GraphWithNamedArgs, tensors_to_accumulate_
                              [info.expected_outputs[i] for i in keep])
     return (NamedVariableFactories.from_dict(factories),
             GraphWithNamedArgs.from_grad_graph(new_info, NamedTensors.from_dict(inputs)))
-
-

@@ -24,7 +24,7 @@ blocks and ignore ``requires_grad_(False)`` (which functorch refuses outright).
 
 So ``torch.no_grad()``, ``torch.enable_grad()``, ``torch.inference_mode()``,
 ``torch.set_grad_enabled()`` and ``requires_grad_`` behave as in eager; a trained
-parameter used only under ``no_grad`` gets no gradient (``program._trained_params``
+parameter used only under ``no_grad`` gets no gradient (``poptorch_compat.compile.differentiate``
 does not cross ``detach``).
 """
 from __future__ import annotations

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, cast
 
 import torch
 
 from ipuxl.device.replicas import replica_alone
 from ipuxl.dtypes import dtype_name, to_numpy_dtype
 from ipuxl.errors import DeviceError
-from ipuxl.ir.calls import RepeatTarget, run_repeat
+from ipuxl.ir.calls import is_repeat, repeat_count, run_repeat
+from ipuxl.ir.meta import CALLED_GRAPH, OP, OP_ID, ROLE, SOURCE, STREAM, Role
 from ipuxl.ir.streams import HostToDeviceStream
 
 if TYPE_CHECKING:
     from ipuxl.device.session import Session
+    from ipuxl.ir.graph import Graph
 
 __all__ = ["StepFailure", "step_error"]
 
@@ -29,12 +31,13 @@ __all__ = ["StepFailure", "step_error"]
 def step_error(session: "Session", failure: "StepFailure") -> DeviceError:
     """The DeviceError for a failed step: the op and user line (by re-running the step),
     the steps kept, and a fix that fits the torch error."""
-    n, k = session._built.steps, failure.step + 1
-    replica = session._plan.local[failure.index]
-    replica_part = f", replica {replica} of {session._built.replicas}" if session._comm is not None else ""
+    n, k = session.num_host_transfers, failure.step + 1
+    replica = session.local_replicas[failure.index]
+    replicas = session.replication_factor
+    replica_part = f", replica {replica} of {replicas}" if replicas > 1 else ""
     cause = (str(failure.exc).splitlines() or [type(failure.exc).__name__])[0]
     found = _rerun_failed_step(session, failure)
-    applied = min(session._progress)
+    applied = min(session.steps_completed)
     state = _kept_state(session, failure, applied, found.updated if found is not None else None)
     if found is None:  # the step did not fail again (non-deterministic), or was not re-run
         late = ("; CUDA reports kernel errors late, so the step may be wrong too: run with "
@@ -44,7 +47,7 @@ def step_error(session: "Session", failure: "StepFailure") -> DeviceError:
             where=f"main program of {session.ir!r} (see session.code)",
             fix=f"check the data fed to the program (e.g. label or gather indices in range){late}",
             steps_applied=applied, step=k)
-    graph = (f"graph '{found.path[-1].meta['ipuxl_called_graph'].name}' (called from the main program)"
+    graph = (f"graph '{found.path[-1].meta[CALLED_GRAPH].name}' (called from the main program)"
              if found.path else "the main program")
     location = f"node '{found.node.name}' of {graph}; session.code shows the main program"
     at = f" at op '{found.op}'" + (f" (from {found.source})" if found.source else "")
@@ -64,7 +67,7 @@ def _kept_state(session: "Session", failure: "StepFailure", applied: int, update
         state = (f"  {steps} applied and kept: the variables now hold their values after step {applied} "
                  "(weights and optimiser state included: reading them shows these values, and the next run "
                  "continues from them)")
-    ahead = [(r, p) for r, p in zip(session._plan.local, session._progress) if p > applied]
+    ahead = [(r, p) for r, p in zip(session.local_replicas, session.steps_completed) if p > applied]
     if ahead:
         state += "; " + ", ".join(f"replica {r} had completed {p} steps" for r, p in ahead)
     if updated:
@@ -78,13 +81,14 @@ def _rerun_failed_step(session: "Session", failure: "StepFailure") -> "_OpFailed
     that raises (None when the step now passes, or fails outside any op)."""
     if _is_async_cuda_error(failure.exc):  # the CUDA context is broken: any op would fail now
         return None
-    module = session._modules[failure.index]
-    variables = {session._attr(t): t.name for t in session._records}
+    module = session.programs[failure.index]
+    variables = {attr: record.tensor.name for attr, record in session.ir.variable_records.items()}
     shared = _RerunState(session, {a: getattr(module, a).clone() for a in variables if hasattr(module, a)},
                          variables)
     args = [a.clone() if isinstance(a, torch.Tensor) else a for a in failure.step_args]
-    alone = (replica_alone(session._built.replicas, session._plan.local[failure.index]) if session._comm is not None
-             else contextlib.nullcontext())
+    replicas = session.replication_factor
+    alone: ContextManager[None] = (replica_alone(replicas, session.local_replicas[failure.index]) if replicas > 1
+                                   else contextlib.nullcontext())
     try:
         with alone, torch.no_grad():
             shared.rerun(module, ()).run(*args)
@@ -97,11 +101,11 @@ def _rerun_failed_step(session: "Session", failure: "StepFailure") -> "_OpFailed
 
 def _repeat_count(session: "Session", node: torch.fx.Node) -> int | None:
     """The count of the IR ``repeat`` that lowered ``node``, found by its op id."""
-    op_id = node.meta.get("ipuxl_op_id")
+    op_id = node.meta.get(OP_ID)
     for graph in session.ir.graphs:
         for ir_node in graph.fx.nodes:
-            if isinstance(ir_node.target, RepeatTarget) and ir_node.meta.get("ipuxl_op_id") == op_id:
-                return ir_node.target.count
+            if is_repeat(ir_node) and ir_node.meta.get(OP_ID) == op_id:
+                return repeat_count(ir_node)
     return None
 
 def _fix_for(session: "Session", found: "_OpFailed", failure: "StepFailure") -> str:
@@ -137,7 +141,7 @@ def _fix_for(session: "Session", found: "_OpFailed", failure: "StepFailure") -> 
 
 def _streams_feeding(session: "Session", found: "_OpFailed", failure: "StepFailure") -> list[tuple[HostToDeviceStream, torch.Tensor]]:
     """The loaded streams the failing op depends on, with their data in the failed step."""
-    module = session._modules[failure.index]
+    module = session.programs[failure.index]
     top = found.path[0] if found.path else found.node
     placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
     position = {p: i for i, p in enumerate(placeholders)}
@@ -147,8 +151,8 @@ def _streams_feeding(session: "Session", found: "_OpFailed", failure: "StepFailu
         if node in seen:
             continue
         seen.add(node)
-        if node.op == "placeholder" and node.meta.get("ipuxl_role") == "h2d" and node in position:
-            streams.append((position[node], node.meta["ipuxl_stream"], failure.step_args[position[node]]))
+        if node.op == "placeholder" and node.meta.get(ROLE) == Role.H2D and node in position:
+            streams.append((position[node], node.meta[STREAM], failure.step_args[position[node]]))
         stack.extend(node.all_input_nodes)
     return [(s, t) for _, s, t in sorted(streams, key=lambda x: x[0])]
 
@@ -178,8 +182,8 @@ class _OpFailed(Exception):
     @property
     def op(self) -> str:
         """The PopXL op name, or the aten op's name for captured ops."""
-        if self.node.meta.get("ipuxl_op"):
-            return self.node.meta["ipuxl_op"]
+        if self.node.meta.get(OP):
+            return str(self.node.meta[OP])
         target = self.node.target
         packet = getattr(target, "_overloadpacket", None)
         return getattr(packet, "__name__", None) or getattr(target, "__name__", None) or self.node.name
@@ -188,8 +192,8 @@ class _OpFailed(Exception):
     def source(self) -> str | None:
         """The user's line of the op, else of the call that reached it."""
         for node in (self.node, *reversed(self.path)):
-            if node.meta.get("ipuxl_source"):
-                return node.meta["ipuxl_source"]
+            if node.meta.get(SOURCE):
+                return str(node.meta[SOURCE])
         return None
 
     def tensors(self) -> list[torch.Tensor]:
@@ -242,16 +246,22 @@ class _Rerun(torch.fx.Interpreter):
             raise _OpFailed(n, exc, (args, kwargs), self.path) from exc
 
     def _call(self, n: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
+        """Run call node ``n``: a called compiled graph node by node (a repeat once per
+        iteration), anything else as it is."""
         session = self.state.session
-        graph = n.meta.get("ipuxl_called_graph")
-        module = session._callee_modules.get(graph) if graph is not None else None
-        if module is not None and not kwargs:
-            def body(*inputs: Any) -> Any:
-                return self.state.rerun(module, self.path + (n,)).run(*inputs)
+        graph = cast("Graph | None", n.meta.get(CALLED_GRAPH))
+        compiled = session.compiled_graph(graph) if graph is not None else None
+        target = cast(Callable[..., Any], n.target)
+        if graph is None or compiled is None or kwargs:
+            return target(*args, **kwargs)
+        module = compiled.module
 
-            if n.target is session._compiled.get(graph):
-                return body(*args)
-            count = session._repeat_count(n) if n.meta.get("ipuxl_op") == "repeat" else None
-            if count is not None:
-                return run_repeat(body, count, len(graph.outputs), args)
-        return n.target(*args, **kwargs)
+        def body(*inputs: Any) -> Any:
+            return self.state.rerun(module, self.path + (n,)).run(*inputs)
+
+        if target is compiled.call:
+            return body(*args)
+        count = _repeat_count(session, n) if n.meta.get(OP) == "repeat" else None
+        if count is not None:
+            return run_repeat(body, count, len(graph.outputs), args)
+        return target(*args, **kwargs)

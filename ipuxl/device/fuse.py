@@ -13,12 +13,12 @@ then transposes it back); such inverse pairs of transposes and permutes are fold
 first (``fold_inverse_transposes``), so the matmul is seen.
 
 2. An Adam-style update ``ops.scaled_add_(W, adam_updater(m, v, ...), b=c)`` without
-weight decay becomes one ``addcdiv_`` (``var_updates._adam_update_``) when the
+weight decay becomes one ``addcdiv_`` (``kernels.var_updates.adam_update_``) when the
 updater's result has ``W``'s dtype, so the update term is never materialised.
 
 3. A whole bias-corrected Adam step (both moment updates, ``adam_updater`` and the
 update) of float32/float16 tensors of one dtype becomes torch's fused Adam kernel
-(``var_updates._fused_adam_step_``) when the moments have no other reader. Its
+(``kernels.var_updates.fused_adam_step_``) when the moments have no other reader. Its
 moment factors are the Python numbers in double precision, not rounded to float32.
 
 4. Kernel choice (``select_kernels``): a CPU max pool with indices of a contiguous
@@ -35,14 +35,16 @@ have no other user.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, NamedTuple, Sequence, cast
 
 import torch
 import torch.fx as fx
 
-from ipuxl.ops.var_updates import (
-    _adam_update_, _adam_updater, _fused_adam_step_, _moving_average, _moving_average_square,
-)
+from ipuxl.device.dce import pure
+from ipuxl.ir.aliases import writes
+from ipuxl.ir.meta import OP, SOURCE
+from ipuxl.kernels import var_updates
+from ipuxl.kernels.random import DIRECT_CALLS
 
 __all__ = ["fuse_matmul_updates", "fold_inverse_transposes", "fuse_adam_updates", "fuse_adam_steps",
            "call_random_ops_directly", "select_kernels", "max_pool2d_with_indices"]
@@ -51,6 +53,29 @@ _MATMULS = (torch.ops.aten.mm.default, torch.mm)
 _aten = torch.ops.aten
 
 
+# -- typed access to fx nodes ---------------------------------------------------------------------
+def _input(node: fx.Node, i: int) -> fx.Node | None:
+    """Argument ``i`` of ``node`` when it is a node (None when it is a constant or missing)."""
+    arg = node.args[i] if i < len(node.args) else None
+    return arg if isinstance(arg, fx.Node) else None
+
+
+def _val(node: fx.Node) -> torch.Tensor:
+    """The meta tensor of ``node``'s result (lowering keeps one on every tensor-valued node)."""
+    return cast(torch.Tensor, node.meta["val"])
+
+
+def _ints(values: Sequence[Any]) -> list[int] | None:
+    """``values`` as ints, or None when one of them is not an int."""
+    return list(values) if all(isinstance(v, int) for v in values) else None
+
+
+def _alpha(node: fx.Node) -> Any:
+    """The ``alpha`` of an update ``W.add_(t, alpha=c)`` (1 when not given)."""
+    return node.kwargs.get("alpha", 1)
+
+
+# -- 1. matmul gradients into their updates ---------------------------------------------------------
 def fold_inverse_transposes(graph: fx.Graph) -> bool:
     """Replace ``t(t(x))``, ``transpose(transpose(x, i, j), i, j)`` and
     ``permute(permute(x, p), q)`` with ``q`` undoing ``p`` by ``x`` itself in the ops
@@ -63,14 +88,14 @@ def fold_inverse_transposes(graph: fx.Graph) -> bool:
     """
     changed = False
     for node in list(graph.nodes):
-        source = _inverse_pair_source(node)
-        if source is None:
+        pair = _inverse_pair(node)
+        if pair is None:
             continue
+        inner, source = pair
         readers = [user for user in node.users if user.op != "output"]
         for user in readers:
             user.replace_input_with(node, source)
         changed = changed or bool(readers)
-        inner = node.args[0]
         if not node.users:
             graph.erase_node(node)
             if not inner.users:
@@ -78,39 +103,45 @@ def fold_inverse_transposes(graph: fx.Graph) -> bool:
     return changed
 
 
-def _transpose_permutation(node: Any) -> list[int] | None:
+def _transpose_permutation(node: fx.Node) -> list[int] | None:
     """The dimension permutation a pure transposing view applies, or None."""
-    if not (isinstance(node, fx.Node) and node.op == "call_function") or node.meta.get("ipuxl_writes"):
+    if node.op != "call_function" or writes(node) or node.kwargs:
         return None
     val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor) or node.kwargs:
+    if not isinstance(val, torch.Tensor):
         return None
     rank = val.dim()
     if node.target is _aten.t.default and len(node.args) == 1:
         return [1, 0] if rank == 2 else list(range(rank))
     if node.target is _aten.transpose.int and len(node.args) == 3:
-        i, j = (d % rank if rank else 0 for d in node.args[1:])
+        dims = _ints(node.args[1:])
+        if dims is None:
+            return None
+        i, j = (d % rank if rank else 0 for d in dims)
         perm = list(range(rank))
         if rank:
             perm[i], perm[j] = perm[j], perm[i]
         return perm
     if node.target is _aten.permute.default and len(node.args) == 2:
-        return [d % rank for d in node.args[1]]
+        order = _ints(cast(Sequence[Any], node.args[1]))
+        return None if order is None else [d % rank for d in order]
     return None
 
 
-def _inverse_pair_source(node: fx.Node) -> fx.Node | None:
-    """``x`` when ``node`` is a transposing view of a transposing view of ``x`` that undoes it."""
+def _inverse_pair(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """``(inner, x)`` when ``node`` is a transposing view of a transposing view ``inner`` of
+    ``x`` that undoes it."""
     outer = _transpose_permutation(node)
-    if outer is None:
+    inner_node = _input(node, 0)
+    if outer is None or inner_node is None:
         return None
-    inner_node = node.args[0]
     inner = _transpose_permutation(inner_node)
-    if inner is None or len(inner) != len(outer) or not isinstance(inner_node.args[0], fx.Node):
+    source = _input(inner_node, 0)
+    if inner is None or len(inner) != len(outer) or source is None:
         return None
     if [inner[d] for d in outer] != list(range(len(outer))):
         return None
-    return inner_node.args[0]
+    return inner_node, source
 
 
 def fuse_matmul_updates(graph: fx.Graph) -> bool:
@@ -122,58 +153,77 @@ def fuse_matmul_updates(graph: fx.Graph) -> bool:
     for node in list(graph.nodes):
         grad = _update_term(node, _MATMULS)
         if grad is not None:
-            _replace(graph, node, torch.Tensor.addmm_, (node.args[0], *grad.args),
-                     {"alpha": node.kwargs.get("alpha", 1)}, dead=(grad,))
+            _replace(graph, node, torch.Tensor.addmm_, (node.args[0], *grad.args), {"alpha": _alpha(node)},
+                     dead=(grad,))
             changed = True
-            continue
-        grad = _scaled_update_term(node)
-        if grad is not None:
-            a, g = grad.args
-            scale_a = _numel(a) < _numel(g)
-            with graph.inserting_before(node):
-                scaled = graph.call_function(torch.mul, ((a if scale_a else g), node.args[2]))
-            scaled.meta["val"] = (a if scale_a else g).meta.get("val")
-            # part of the user's update: errors name its op and line (not its writes: it writes nothing)
-            scaled.meta.update({k: node.meta[k] for k in ("ipuxl_op", "ipuxl_source") if k in node.meta})
-            _replace(graph, node, torch.Tensor.addmm_, (node.args[0], *((scaled, g) if scale_a else (a, scaled))),
-                     {}, dead=(grad,))
+        elif _fuse_scaled_matmul_update(graph, node):
             changed = True
     return changed
 
 
-def _scaled_update_term(node: fx.Node) -> fx.Node | None:
-    """The matmul ``t`` of ``W.addcmul_(t, s)`` with a 0-dim tensor ``s``, used only there."""
+def _fuse_scaled_matmul_update(graph: fx.Graph, node: fx.Node) -> bool:
+    """``W.addcmul_(mm(a, g), s)`` -> ``W.addmm_(a * s, g)`` or ``W.addmm_(a, g * s)``; True if done."""
+    match = _scaled_update_term(node)
+    if match is None:
+        return False
+    grad, a, g, factor = match
+    scale_a = _numel(a) < _numel(g)
+    with graph.inserting_before(node):
+        scaled = graph.call_function(torch.mul, ((a if scale_a else g), factor))
+    scaled.meta["val"] = (a if scale_a else g).meta.get("val")
+    # part of the user's update: errors name its op and line (not its writes: it writes nothing)
+    scaled.meta.update({k: node.meta[k] for k in (OP, SOURCE) if k in node.meta})
+    _replace(graph, node, torch.Tensor.addmm_, (node.args[0], *((scaled, g) if scale_a else (a, scaled))), {},
+             dead=(grad,))
+    return True
+
+
+def _scaled_update_term(node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node, fx.Node] | None:
+    """``(t, a, g, s)`` of ``W.addcmul_(t, s)`` with ``t = mm(a, g)`` used only there and a
+    0-dim tensor ``s``."""
     if not (node.op == "call_function" and node.target is torch.Tensor.addcmul_ and len(node.args) == 3
             and not node.kwargs):
         return None
-    term, factor = node.args[1], node.args[2]
-    factor_val = factor.meta.get("val") if isinstance(factor, fx.Node) else None
-    if (isinstance(term, fx.Node) and term.target in _MATMULS and len(term.users) == 1
-            and factor_val is not None and factor_val.dim() == 0):
-        return term
-    return None
+    term, factor = _input(node, 1), _input(node, 2)
+    if term is None or factor is None or term.target not in _MATMULS or len(term.users) != 1:
+        return None
+    a, g = _input(term, 0), _input(term, 1)
+    factor_val = factor.meta.get("val")
+    if a is None or g is None or factor_val is None or factor_val.dim() != 0:
+        return None
+    return term, a, g, factor
 
 
-def _numel(node: Any) -> float:
-    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+def _numel(node: fx.Node) -> float:
+    val = node.meta.get("val")
     return float("inf") if val is None else val.numel()
 
 
+# -- 2. and 3. Adam ---------------------------------------------------------------------------------
 def fuse_adam_updates(graph: fx.Graph) -> bool:
     """Rewrite ``W.add_(adam_updater(m, v, None, step, None, b1, b2, eps), alpha=c)`` as one fused update."""
     changed = False
     for node in list(graph.nodes):
-        term = _update_term(node, (_adam_updater,))
-        if term is None:
+        term = _update_term(node, (var_updates.adam_updater,))
+        weight = _input(node, 0)
+        if term is None or weight is None:
             continue
         m, v, _, step, wd, beta1, beta2, eps = term.args
-        weight = node.args[0]
-        if wd is not None or term.meta["val"].dtype != weight.meta["val"].dtype:
+        if wd is not None or _val(term).dtype != _val(weight).dtype:
             continue
-        _replace(graph, node, _adam_update_, (weight, m, v, step, beta1, beta2, eps, node.kwargs.get("alpha", 1)),
-                 {}, dead=(term,))
+        _replace(graph, node, var_updates.adam_update_, (weight, m, v, step, beta1, beta2, eps, _alpha(node)), {},
+                 dead=(term,))
         changed = True
     return changed
+
+
+class _AdamStep(NamedTuple):
+    """The nodes of one weight's fusable Adam step, ended by the weight update."""
+
+    updater: fx.Node
+    first_moment: fx.Node  # moving_average_(m, grad, beta1)
+    second_moment: fx.Node  # moving_average_square_(v, grad, beta2)
+    step: fx.Node
 
 
 def fuse_adam_steps(graph: fx.Graph) -> bool:
@@ -183,11 +233,10 @@ def fuse_adam_steps(graph: fx.Graph) -> bool:
         match = _adam_step(node)
         if match is None:
             continue
-        term, m_node, v_node = match
-        grad, m, v, step = m_node.args[1], m_node.args[0], v_node.args[0], term.args[3]
-        lr, beta1, beta2, eps = -node.kwargs.get("alpha", 1), term.args[5], term.args[6], term.args[7]
-        _replace(graph, node, _fused_adam_step_, (node.args[0], grad, m, v, step, lr, beta1, beta2, eps), {},
-                 dead=(term, v_node, m_node))
+        term, m_node, v_node = match.updater, match.first_moment, match.second_moment
+        lr, beta1, beta2, eps = -_alpha(node), term.args[5], term.args[6], term.args[7]
+        args = (node.args[0], m_node.args[1], m_node.args[0], v_node.args[0], match.step, lr, beta1, beta2, eps)
+        _replace(graph, node, var_updates.fused_adam_step_, args, {}, dead=(term, v_node, m_node))
         changed = True
     return changed
 
@@ -197,18 +246,18 @@ def _is_update(node: fx.Node) -> bool:
             and set(node.kwargs) <= {"alpha"})
 
 
-def _update_term(node: fx.Node, targets: tuple) -> fx.Node | None:
+def _update_term(node: fx.Node, targets: tuple[Callable[..., Any], ...]) -> fx.Node | None:
     """The term ``t`` of an update ``W.add_(t, alpha=c)`` when ``t`` is one of ``targets``, used only there."""
     if not _is_update(node):
         return None
-    term = node.args[1]
-    if isinstance(term, fx.Node) and term.target in targets and len(term.users) == 1:
+    term = _input(node, 1)
+    if term is not None and term.target in targets and len(term.users) == 1:
         return term
     return None
 
 
-def _replace(graph: fx.Graph, node: fx.Node, target: Any, args: tuple, kwargs: dict,
-             dead: tuple[fx.Node, ...]) -> None:
+def _replace(graph: fx.Graph, node: fx.Node, target: Callable[..., Any], args: tuple[Any, ...],
+             kwargs: dict[str, Any], dead: tuple[fx.Node, ...]) -> None:
     """Put ``target(*args, **kwargs)`` where update ``node`` was and erase it and the ``dead`` nodes."""
     with graph.inserting_before(node):
         fused = graph.call_function(target, args, kwargs)
@@ -218,38 +267,48 @@ def _replace(graph: fx.Graph, node: fx.Node, target: Any, args: tuple, kwargs: d
         graph.erase_node(erased)
 
 
-def _adam_step(node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node] | None:
-    """(updater, first-moment node, second-moment node) when ``node`` ends a fusable Adam step."""
-    term = _update_term(node, (_adam_updater,))
+def _adam_step(node: fx.Node) -> _AdamStep | None:
+    """The Adam step ``node`` ends, when it can be fused: bias-corrected, no weight decay,
+    number factors, moments updated just before from one gradient and read by nothing
+    else, all tensors of one dtype other than float64."""
+    term = _update_term(node, (var_updates.adam_updater,))
     if term is None:
         return None
-    m_node, v_node, w, step, wd, beta1, beta2, eps = term.args
-    if w is not None or wd is not None or step is None or not all(
-            isinstance(x, (int, float)) for x in (beta1, beta2, eps, node.kwargs.get("alpha", 1))):
+    _, _, w, _, wd, beta1, beta2, eps = term.args
+    step = _input(term, 3)
+    if w is not None or wd is not None or step is None or len(step.users) != 1 or not all(
+            isinstance(x, (int, float)) for x in (beta1, beta2, eps, _alpha(node))):
         return None
-    if not (isinstance(m_node, fx.Node) and m_node.target is _moving_average and m_node.args[2] == beta1
-            and isinstance(v_node, fx.Node) and v_node.target is _moving_average_square and v_node.args[2] == beta2
-            and m_node.args[1] is v_node.args[1] and len(m_node.users) == 1 and len(v_node.users) == 1
-            and len(step.users) == 1):
+    m_node = _moment_update(term, 0, var_updates.moving_average_, beta1)
+    v_node = _moment_update(term, 1, var_updates.moving_average_square_, beta2)
+    if m_node is None or v_node is None or m_node.args[1] is not v_node.args[1]:
         return None
     tensors = [node.args[0], m_node.args[1], m_node.args[0], v_node.args[0]]
-    dtypes = {t.meta["val"].dtype for t in tensors} | {term.meta["val"].dtype}
+    if not all(isinstance(t, fx.Node) for t in tensors):
+        return None
+    dtypes = {_val(t).dtype for t in cast(list[fx.Node], tensors)} | {_val(term).dtype}
     if len(dtypes) != 1 or dtypes & {torch.float64}:
         return None
-    # The moments must have no reader besides their update (it now happens at the weight update).
-    if len(m_node.args[0].users) != 1 or len(v_node.args[0].users) != 1:
+    return _AdamStep(term, m_node, v_node, step)
+
+
+def _moment_update(term: fx.Node, i: int, kernel: Callable[..., Any], beta: Any) -> fx.Node | None:
+    """Argument ``i`` of the updater ``term`` when it is ``kernel(moment, grad, beta)``, the
+    only reader of its result, and the moment has no other reader."""
+    update = _input(term, i)
+    if update is None or update.target is not kernel or update.args[2] != beta or len(update.users) != 1:
         return None
-    return term, m_node, v_node
+    moment = _input(update, 0)
+    return update if moment is not None and len(moment.users) == 1 else None
 
 
+# -- random ops and kernel choice ---------------------------------------------------------------------
 def call_random_ops_directly(graph: fx.Graph) -> bool:
     """Call the seeded random ops' Python implementations without the custom-op dispatch."""
-    from ipuxl.ops.random import DIRECT_CALLS
-
     return _retarget(graph, DIRECT_CALLS)
 
 
-def _retarget(graph: fx.Graph, targets: dict) -> bool:
+def _retarget(graph: fx.Graph, targets: dict[Any, Callable[..., Any]]) -> bool:
     """Call ``targets[f]`` wherever the graph calls ``f``; True if any changed."""
     changed = False
     for node in graph.nodes:
@@ -259,11 +318,11 @@ def _retarget(graph: fx.Graph, targets: dict) -> bool:
     return changed
 
 
-# -- kernel choice ------------------------------------------------------------------------------
 _CHANNELS_LAST_POOL_DTYPES = (torch.float32, torch.float64)
 _CHANNELS_LAST_POOL_MIN_CHANNELS = 8  # the channels-last kernel vectorises over channels
 
 
+@pure
 def max_pool2d_with_indices(x: torch.Tensor, kernel_size: Any, stride: Any = (), padding: Any = 0,
                             dilation: Any = 1, ceil_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``aten.max_pool2d_with_indices`` with the same results (values, indices, strides),
@@ -276,8 +335,7 @@ def max_pool2d_with_indices(x: torch.Tensor, kernel_size: Any, stride: Any = (),
     return _aten.max_pool2d_with_indices.default(x, kernel_size, stride, padding, dilation, ceil_mode)
 
 
-max_pool2d_with_indices._ipuxl_pure = True  # type: ignore[attr-defined]  # for device.dce
-_KERNELS = {_aten.max_pool2d_with_indices.default: max_pool2d_with_indices}
+_KERNELS: dict[Any, Callable[..., Any]] = {_aten.max_pool2d_with_indices.default: max_pool2d_with_indices}
 
 
 def select_kernels(graph: fx.Graph) -> bool:

@@ -1,9 +1,10 @@
-"""Replicate: plan how an ``Ir(replication=R)`` runs as R data-parallel replicas.
+"""The replica plan: how an ``Ir(replication=R)`` runs as R data-parallel replicas.
 
 The program itself is not rewritten: every replica runs the same compiled code
 with its own variables and its own slice of every host stream, and the collective
-ops in the program are where replicas meet (``ipuxl.device.replicas``). This pass
-decides what each process runs and checks that the program fits the replica count:
+ops in the program are where replicas meet (``ipuxl.device.replicas``). The plan
+(made by the ``Session`` before compiling) says what each process runs, after
+checking that the program fits the replica count:
 
 - the processes (``torchrun``'s world, or just this one) split the R replicas into
   equal consecutive blocks, so the world size must divide R (a program with one
@@ -17,14 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch.fx as fx
 
-from ipuxl.device.replicas import world
-from ipuxl.ir.meta import COLLECTIVE_OPS
 from ipuxl.errors import ReplicationError
 from ipuxl.ir.ir import Ir, VariableRecord
+from ipuxl.ir.meta import COLLECTIVE_OPS, OP, SOURCE
+from ipuxl.ir.world import world
 
 __all__ = ["ReplicaPlan", "plan_replicas"]
-
 
 
 @dataclass(frozen=True)
@@ -70,25 +71,26 @@ def plan_replicas(ir: Ir) -> ReplicaPlan:
                 f"(times the number of nodes), or change the replication factor")
     for graph in ir.graphs:
         for node in graph.fx.nodes:
-            if node.meta.get("ipuxl_op") in COLLECTIVE_OPS:
+            if node.meta.get(OP) in COLLECTIVE_OPS:
                 stride, size = _group_args(node)
                 if replicas % (stride * size):
                     raise ReplicationError(
-                        f"{node.meta['ipuxl_op']} in graph '{graph.name}' uses a group of size {size} with "
+                        f"{node.meta[OP]} in graph '{graph.name}' uses a group of size {size} with "
                         f"stride {stride}, which does not divide the {replicas} replicas",
-                        where=node.meta.get("ipuxl_source"),
+                        where=node.meta.get(SOURCE),
                         fix="build the group with ir.replica_grouping(...) of this Ir's replication factor")
     for record in ir.variable_records.values():
         if record.grouping is not None and record.grouping.replication_factor != replicas:
             raise ReplicationError(
                 f"variable '{record.tensor.name}' has {record.grouping}, the Ir has {replicas} replicas",
-                where=record.tensor.node.meta.get("ipuxl_source"),
+                where=record.tensor.node.meta.get(SOURCE),
                 fix="set the Ir's replication factor before creating variables with replica groupings")
     return ReplicaPlan(replicas, processes, rank)
 
 
-def _group_args(node) -> tuple[int, int]:
+def _group_args(node: fx.Node) -> tuple[int, int]:
     """(stride, group_size) of a collective node (see ``ipuxl.ops.collectives``)."""
-    if node.meta["ipuxl_op"] == "replicated_all_gather":  # (t, axis, mode, stride, size, meta_shape)
-        return node.args[3], node.args[4]
-    return node.args[2], node.args[3]  # (t, op, stride, size)
+    first = 3 if node.meta[OP] == "replicated_all_gather" else 2  # (t, axis, mode, stride, size, meta_shape)
+    stride, size = node.args[first:first + 2]  # else (t, op, stride, size)
+    assert isinstance(stride, int) and isinstance(size, int), "ops.collectives records ints"
+    return stride, size

@@ -21,25 +21,27 @@ Cost per collective: one stack copy and one reduction per group, linear in R.
 A replica that fails breaks the barrier, so the others stop instead of waiting;
 a process that dies makes the all-gather of the others fail (gloo notices the
 closed connection, or the process group's timeout ends the wait).
+
+The collective ops' kernels (``ipuxl.kernels.collectives``) hold the reductions; they
+find the running replica's ``Communicator`` through ``running_as``, which
+``run_replicas`` sets in each replica's thread, so the kernels never import the device.
+``world`` (the torchrun process world) is ``ipuxl.ir.world``'s, re-exported here.
 """
 from __future__ import annotations
 
 import atexit
-import contextlib
 import datetime
-import math
 import os
 import threading
-from typing import Any, Callable, Sequence
+from typing import Callable, ContextManager, Sequence
 
 import torch
 
-from ipuxl.errors import ReplicaFailureError, ReplicationError
+from ipuxl.errors import ReplicaFailureError
+from ipuxl.ir.world import world
+from ipuxl.kernels.collectives import Combine, running_as
 
-__all__ = ["world", "ensure_process_group", "Communicator", "run_replicas", "current_replica", "replica_alone",
-           "all_reduce", "all_reduce_", "reduce_scatter", "all_gather", "REDUCTIONS"]
-
-_LOCAL = threading.local()
+__all__ = ["world", "ensure_process_group", "Communicator", "run_replicas", "replica_alone"]
 
 #: How long a replica waits in a collective for the others (seconds); env IPUXL_REPLICA_TIMEOUT.
 DEFAULT_TIMEOUT = 300.0
@@ -50,16 +52,6 @@ def _timeout() -> float:
 
 
 # -- processes --------------------------------------------------------------------------
-def world() -> tuple[int, int]:
-    """``(number of processes, this process's rank)``: torchrun's, or (1, 0)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    return (size, int(os.environ.get("RANK", "0"))) if size > 1 else (1, 0)
-
-
 def ensure_process_group(device: torch.device) -> None:
     """Join torchrun's process group (gloo on CPU, NCCL on CUDA) if not joined yet."""
     import torch.distributed as dist
@@ -87,9 +79,6 @@ def _leave_process_group() -> None:
 
 
 # -- the meeting point ------------------------------------------------------------------
-Combine = Callable[[list[torch.Tensor], Sequence[int]], list[torch.Tensor]]
-
-
 class Communicator:
     """Collectives among ``replication_factor`` replicas, ``local`` of them in this process.
 
@@ -137,10 +126,11 @@ class Communicator:
         tensors in place; its results are new tensors.
         """
         try:
-            tensors: list[torch.Tensor] = list(self._slots)  # type: ignore[arg-type]
+            tensors = [t for t in self._slots if t is not None]
+            assert self._combine is not None and len(tensors) == len(self._slots), "every replica deposits first"
             if self.distributed:
                 tensors = list(self._all_gather_processes(torch.stack(tensors)).unbind(0))
-            self._results = self._combine(tensors, self.local)  # type: ignore[misc]
+            self._results = self._combine(tensors, self.local)
         except BaseException as exc:
             self._failure = exc
             raise
@@ -174,14 +164,10 @@ class Communicator:
 
     # -- running the replicas ---------------------------------------------------------
     def abort(self, exc: BaseException) -> None:
+        """Stop the replicas waiting in a collective (``exc`` failed one of them)."""
         if self._failure is None:
             self._failure = exc
         self._barrier.abort()
-
-
-def current_replica() -> tuple[Communicator | None, int]:
-    """The communicator and global replica index of the running thread ((None, 0) outside)."""
-    return getattr(_LOCAL, "comm", None), getattr(_LOCAL, "replica", 0)
 
 
 class _Alone:
@@ -194,43 +180,36 @@ class _Alone:
         return combine([tensor] * self.replication_factor, [replica])[0]
 
 
-@contextlib.contextmanager
-def replica_alone(replication_factor: int, replica: int) -> Any:
+def replica_alone(replication_factor: int, replica: int) -> ContextManager[None]:
     """Run code in this thread as replica ``replica`` of ``replication_factor`` with nobody
     to meet: each collective takes this replica's tensor as every replica's contribution
     (right shapes and dtypes, not the real values). The device re-runs a failed step of one
     replica so, after the others have stopped, to find the op that failed."""
-    saved = getattr(_LOCAL, "comm", None), getattr(_LOCAL, "replica", 0)
-    _LOCAL.comm, _LOCAL.replica = _Alone(replication_factor), replica
-    try:
-        yield
-    finally:
-        _LOCAL.comm, _LOCAL.replica = saved
+    return running_as(_Alone(replication_factor), replica)
 
 
 def run_replicas(comm: Communicator, work: Sequence[Callable[[], None]]) -> None:
     """Run ``work[i]`` as replica ``comm.local[i]``, taking turns; re-raise the first failure."""
     if len(work) == 1:
-        _LOCAL.comm, _LOCAL.replica = comm, comm.local[0]
-        comm._turn.acquire()
-        try:
-            work[0]()
-        finally:
-            comm._turn.release()
-            _LOCAL.comm = None
+        with running_as(comm, comm.local[0]):
+            comm._turn.acquire()
+            try:
+                work[0]()
+            finally:
+                comm._turn.release()
         return
     errors: list[tuple[int, BaseException]] = []
 
     def body(i: int) -> None:
-        _LOCAL.comm, _LOCAL.replica = comm, comm.local[i]
-        comm._turn.acquire()
-        try:
-            work[i]()
-        except BaseException as exc:
-            errors.append((comm.local[i], exc))
-            comm.abort(exc)
-        finally:
-            comm._turn.release()
+        with running_as(comm, comm.local[i]):
+            comm._turn.acquire()
+            try:
+                work[i]()
+            except BaseException as exc:
+                errors.append((comm.local[i], exc))
+                comm.abort(exc)
+            finally:
+                comm._turn.release()
 
     threads = [threading.Thread(target=body, args=(i,), name=f"ipuxl-replica-{r}", daemon=True)
                for i, r in enumerate(comm.local)]
@@ -244,117 +223,3 @@ def run_replicas(comm: Communicator, work: Sequence[Callable[[], None]]) -> None
         # the first real failure, not the replicas it stopped
         _, exc = next(((r, e) for r, e in errors if not isinstance(e, ReplicaFailureError)), errors[0])
         raise exc
-
-
-# -- collectives ------------------------------------------------------------------------
-# Reductions fold the group's tensors in replica order: the same arithmetic in every
-# process, so results are bitwise identical however the replicas are spread.
-def _fold(tensors: Sequence[torch.Tensor], start: Callable[[torch.Tensor], torch.Tensor],
-          step: Callable[[torch.Tensor, torch.Tensor], Any]) -> torch.Tensor:
-    acc = start(tensors[0])
-    for t in tensors[1:]:
-        step(acc, t)
-    return acc
-
-
-def _sum(ts: Sequence[torch.Tensor]) -> torch.Tensor:
-    if ts[0].dtype == torch.bool:
-        return _fold(ts, torch.clone, torch.Tensor.logical_or_)
-    return _fold(ts, torch.clone, torch.Tensor.add_)
-
-
-def _mean(ts: Sequence[torch.Tensor]) -> torch.Tensor:
-    total = _sum(ts)
-    return total.div_(len(ts)) if total.is_floating_point() else total.div_(len(ts), rounding_mode="floor")
-
-
-def _logical(ts: Sequence[torch.Tensor], step: Callable[[torch.Tensor, torch.Tensor], Any]) -> torch.Tensor:
-    return _fold([t.bool() for t in ts], torch.clone, step).to(ts[0].dtype)
-
-
-REDUCTIONS: dict[str, Callable[[Sequence[torch.Tensor]], torch.Tensor]] = {
-    "add": _sum,
-    "mean": _mean,
-    "mul": lambda ts: _fold(ts, torch.clone, torch.Tensor.mul_),
-    "min": lambda ts: _fold(ts, torch.clone, lambda a, t: torch.minimum(a, t, out=a)),
-    "max": lambda ts: _fold(ts, torch.clone, lambda a, t: torch.maximum(a, t, out=a)),
-    "and": lambda ts: _logical(ts, torch.Tensor.logical_and_),
-    "or": lambda ts: _logical(ts, torch.Tensor.logical_or_),
-    "square_add": lambda ts: _fold(ts, lambda t: t * t, lambda a, t: a.addcmul_(t, t)),
-}
-
-PerGroup = Callable[[list[torch.Tensor], int], torch.Tensor]
-
-
-def _collective(t: torch.Tensor, stride: int, group_size: int, per_group: PerGroup, what: str,
-                shared: str = "") -> torch.Tensor:
-    """This replica's result of ``per_group(its group's tensors in order, its index in the group)``.
-
-    ``shared``: "" computes per member; "copy" computes once per group and gives the
-    other members copies (they may write them); "same" gives every member the one
-    result (the caller only reads it).
-    """
-    from ipuxl.ir.replica_grouping import ReplicaGrouping
-
-    comm, replica = current_replica()
-    replicas = comm.replication_factor if comm is not None else 1
-    if replicas % (stride * group_size):
-        raise ReplicationError(f"{what}: a group of size {group_size} (stride {stride}) does not divide the "
-                               f"{replicas} replicas running this program",
-                               fix="build the program for the replication factor the session runs")
-    if comm is None:
-        return per_group([t], 0)
-    grouping = ReplicaGrouping(replicas, stride, group_size)
-
-    def combine(tensors: list[torch.Tensor], wanted: Sequence[int]) -> list[torch.Tensor]:
-        done: dict[tuple[int, int], torch.Tensor] = {}
-        out = []
-        for r in wanted:
-            members = grouping.members(r)
-            index = members.index(r)
-            key = (grouping.assignment[r], index if not shared else 0)
-            if key in done:
-                out.append(done[key].clone() if shared == "copy" else done[key])
-            else:
-                done[key] = per_group([tensors[m] for m in members], index)
-                out.append(done[key])
-        return out
-
-    return comm.exchange(replica, t, combine)
-
-
-def all_reduce(t: torch.Tensor, op: str, stride: int, group_size: int) -> torch.Tensor:
-    reduce = REDUCTIONS[op]
-    return _collective(t, stride, group_size, lambda members, index: reduce(members),
-                       "replicated_all_reduce", shared="copy")
-
-
-def all_reduce_(t: torch.Tensor, op: str, stride: int, group_size: int) -> torch.Tensor:
-    reduce = REDUCTIONS[op]
-    result = _collective(t, stride, group_size, lambda members, index: reduce(members),
-                         "replicated_all_reduce_", shared="same")
-    return t.copy_(result)
-
-
-def reduce_scatter(t: torch.Tensor, op: str, stride: int, group_size: int) -> torch.Tensor:
-    reduce = REDUCTIONS[op]
-    shard = -(-t.numel() // group_size)
-
-    def per_group(members: list[torch.Tensor], index: int) -> torch.Tensor:
-        pad = shard * group_size - t.numel()
-        flat = [torch.nn.functional.pad(m.reshape(-1), (0, pad)) if pad else m.reshape(-1) for m in members]
-        return reduce([f[index * shard:(index + 1) * shard] for f in flat])
-
-    return _collective(t, stride, group_size, per_group, "replicated_reduce_scatter")
-
-
-def all_gather(t: torch.Tensor, axis: int, mode: str, stride: int, group_size: int,
-               meta_shape: tuple[int, ...] = ()) -> torch.Tensor:
-    def per_group(members: list[torch.Tensor], index: int) -> torch.Tensor:
-        if mode == "new_axis" or members[0].dim() == 0:  # scalars: concat is a new axis
-            return torch.stack(members)
-        if mode == "meta_shape":
-            return torch.cat([m.reshape(-1) for m in members])[:math.prod(meta_shape)].reshape(meta_shape)
-        return torch.cat(members, dim=axis)  # "concat"
-
-    return _collective(t, stride, group_size, per_group, "replicated_all_gather", shared="copy")

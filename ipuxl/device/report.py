@@ -16,27 +16,25 @@
   ``repeat_count`` times per loop. Per step (one run of the main program = one device
   iteration), per ``Session.run`` (x ``num_host_transfers``) and over all replicas.
 
-``str(report)`` is a readable table. ``python -m ipuxl.device.report [--blocks N]
+``str(report)`` is a readable table. ``python benchmarks/program_report.py [--blocks N]
 [--outlined]`` prints the report of a small MLP training program (popxl.addons style,
 seed 002's model by default) without needing data.
 """
 from __future__ import annotations
 
-import argparse
 import math
-import operator
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Sequence, cast
 
 import torch
 import torch.fx as fx
 
 from ipuxl.device.resources import (
-    CallSite, IpuSpec, ResourceEstimate, _callee, call_sites, estimate, graph_code_bytes, is_inlined, is_op, is_view,
-    op_type, reachable_graphs,
+    CallSite, IpuSpec, ResourceEstimate, call_sites, estimate, graph_code_bytes, is_inlined, is_op, op_type,
 )
-from ipuxl.ir.calls import RepeatTarget
+from ipuxl.ir.aliases import is_view
+from ipuxl.ir.calls import callee, is_call, reachable_graphs, repeat_count
 from ipuxl.passes.liveness import live_profile
 
 if TYPE_CHECKING:
@@ -80,7 +78,7 @@ def _name(node: fx.Node) -> str:
 
 def node_flops(node: fx.Node) -> int:
     """FLOPs of one op (not counting called graphs; see the module docstring)."""
-    if not is_op(node) or is_view(node) or _callee(node) is not None:
+    if not is_op(node) or is_view(node) or is_call(node):
         return 0
     kinds = {_name(node), op_type(node)}
     if kinds & _NO_FLOPS or node.op == "placeholder":
@@ -100,12 +98,13 @@ def node_flops(node: fx.Node) -> int:
         return 2 * work * math.prod(weight.shape[1:])
     if "convolution_backward" in kinds and len(args) >= 3:
         grad_out, weight = args[0], args[2]
-        mask = node.args[10] if len(node.args) > 10 else (True, True, True)
-        return sum(2 * _numel(grad_out) * math.prod(weight.shape[1:]) for m in list(mask)[:2] if m)
+        mask = cast(Sequence[bool], node.args[10]) if len(node.args) > 10 else (True, True, True)
+        per_grad = 2 * _numel(grad_out) * math.prod(weight.shape[1:])
+        return per_grad * sum(1 for m in list(mask)[:2] if m)  # the input and the weight gradient
     return max([_numel(out)] + [_numel(a) for a in args])
 
 
-def graph_flops(graph: "Graph", _memo: dict | None = None) -> int:
+def graph_flops(graph: "Graph", _memo: dict["Graph", int] | None = None) -> int:
     """FLOPs of one execution of ``graph``: its ops plus each call's callee (x repeat count)."""
     memo = {} if _memo is None else _memo
     if graph in memo:
@@ -113,10 +112,9 @@ def graph_flops(graph: "Graph", _memo: dict | None = None) -> int:
     memo[graph] = 0  # recursion guard
     total = 0
     for node in graph.fx.nodes:
-        callee = _callee(node)
-        if callee is not None:
-            count = node.target.count if isinstance(node.target, RepeatTarget) else 1
-            total += count * graph_flops(callee, memo)
+        called = callee(node)
+        if called is not None:
+            total += repeat_count(node) * graph_flops(called, memo)
         else:
             total += node_flops(node)
     memo[graph] = total
@@ -259,7 +257,7 @@ def program_report(ir: "Ir", spec: IpuSpec | None = None) -> ProgramReport:
     memory = estimate(ir, spec)
     sites = call_sites(ir)
     compiled = set(reachable_graphs(ir))
-    memo: dict = {}
+    memo: dict["Graph", int] = {}
     graphs = []
     for graph in ir.graphs:
         if graph is ir.main_graph:
@@ -280,89 +278,3 @@ def program_report(ir: "Ir", spec: IpuSpec | None = None) -> ProgramReport:
             peak_activation_bytes=live_profile(graph).peak_bytes))
     return ProgramReport(program=repr(ir), graphs=graphs, memory=memory, flops_per_step=graph_flops(ir.main_graph, memo),
                          num_host_transfers=ir.num_host_transfers, replication_factor=ir.replication_factor)
-
-
-# -- example: an MLP training program (seed 002's model by default) ---------------------------
-def mlp_training_ir(batch_size: int = 8, hidden: int = 512, blocks: int = 2, outlined: bool = False,
-                    num_host_transfers: int = 1, learning_rate: float = 0.05) -> "Ir":
-    """A popxl.addons-style MLP trained with SGD, built without data.
-
-    ``Linear(784 -> hidden)``, ``blocks`` hidden blocks ``gelu(Linear(hidden -> hidden))``
-    and ``Linear(hidden -> 10)``, cross entropy, backward, in-place SGD updates.
-    With ``blocks=2`` it is seed 002's 4-layer MLP. ``outlined``: the block's forward
-    and backward are one graph each, called once per block (their code exists once);
-    otherwise every block has its own graphs, each inlined into the main program.
-    """
-    from functools import partial
-
-    import numpy as np
-
-    import ipuxl
-    import ipuxl.addons_compat as addons
-    import ipuxl.ops as ops
-
-    class Linear(addons.Module):
-        def __init__(self, out_features: int, gelu: bool = False):
-            super().__init__()
-            self.out_features, self.gelu = out_features, gelu
-
-        def build(self, x: ipuxl.Tensor) -> ipuxl.Tensor:
-            w = self.add_variable_input("weight", partial(np.random.normal, 0, 0.02, (x.shape[-1], self.out_features)),
-                                        x.dtype)
-            b = self.add_variable_input("bias", partial(np.zeros, self.out_features), x.dtype)
-            y = x @ w + b
-            return ops.gelu(y) if self.gelu else y
-
-    Linear.__qualname__ = "Linear"  # graphs are named after the module class: Linear_subgraph(k)
-
-    ir = ipuxl.Ir(replication=1)
-    with ir.main_graph:
-        image = ops.host_load(ipuxl.h2d_stream((batch_size, 28, 28), ipuxl.float32, "image"))
-        labels = ops.host_load(ipuxl.h2d_stream((batch_size,), ipuxl.int32, "labels"), "labels")
-        x = image.reshape((batch_size, 28 * 28))
-        layers = [Linear(hidden, gelu=True)] + [None] * blocks + [Linear(10)]
-        shared = None
-        saved = []  # (forward call info, backward graph, variables) per layer
-        for i, layer in enumerate(layers):
-            if layer is None:  # a hidden block
-                if outlined and shared is None:
-                    facts, graph = Linear(hidden, gelu=True).create_graph(x)
-                    shared = (facts, graph, addons.autodiff(graph))
-                facts, graph, grad = shared if outlined else (lambda f, g: (f, g, addons.autodiff(g)))(
-                    *Linear(hidden, gelu=True).create_graph(x))
-            else:
-                facts, graph = layer.create_graph(x)
-                grad = addons.autodiff(graph)
-            variables = facts.init(f"layer{i}")
-            info = graph.bind(variables).call_with_info(x)
-            saved.append((info, grad, variables))
-            x = info.outputs[0]
-        loss, dx = addons.ops.cross_entropy_with_grad(x, labels)
-        ops.host_store(ipuxl.d2h_stream(loss.shape, loss.dtype, "loss"), loss)
-        for info, grad, variables in reversed(saved):
-            bwd_info = grad.call_with_info(dx, args=grad.grad_graph_info.inputs_dict(info))
-            grads = grad.grad_graph_info.fwd_parent_ins_to_grad_parent_outs(info, bwd_info)
-            for t in variables.tensors:
-                ops.scaled_add_(t, grads[t], b=-learning_rate)
-            dx = bwd_info.outputs[0]
-    ir.num_host_transfers = num_host_transfers
-    return ir
-
-
-def main(argv: Sequence[str] | None = None) -> ProgramReport:
-    parser = argparse.ArgumentParser(prog="python -m ipuxl.device.report",
-                                     description="Print the program report of an MLP training program (no data needed).")
-    parser.add_argument("--blocks", type=int, default=2, help="hidden blocks (2: seed 002's 4-layer MLP)")
-    parser.add_argument("--outlined", action="store_true", help="one forward and one backward graph for all blocks")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--num-host-transfers", type=int, default=1)
-    opts = parser.parse_args(argv)
-    ir = mlp_training_ir(opts.batch_size, opts.hidden, opts.blocks, opts.outlined, opts.num_host_transfers)
-    report = program_report(ir)
-    print(report)
-    return report
-
-
-if __name__ == "__main__":
-    main()

@@ -36,13 +36,15 @@ import contextlib
 import dataclasses
 import os
 import operator
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
 import torch.fx as fx
 
 from ipuxl.errors import InvalidArgumentError, OutOfMemoryError
+from ipuxl.ir.aliases import is_view
+from ipuxl.ir.calls import call_nodes, callee, callee_of, is_call, is_repeat, reachable_graphs, repeat_count
+from ipuxl.ir.meta import NAME, OP, ROLE, Role
 from ipuxl.passes.liveness import LiveProfile, live_profile, stream_bytes, tensor_bytes
 
 if TYPE_CHECKING:
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "IpuSpec", "DEFAULT_SPEC", "ResourceEstimate", "CallSite", "estimate", "check_fits", "get_spec",
-    "set_default_spec", "use_spec", "reachable_graphs", "call_sites", "code_nodes", "is_view", "op_type", "mib",
+    "set_default_spec", "use_spec", "call_sites", "code_nodes", "op_type", "mib",
 ]
 
 KiB, MiB = 1024, 1024 * 1024
@@ -124,7 +126,7 @@ def get_spec(spec: IpuSpec | None = None) -> IpuSpec:
     changes: dict[str, int] = {}
     for var, name in _ENV.items():
         if os.environ.get(var):
-            changes[name] = _env_number(var, int)
+            changes[name] = int(_env_number(var, int))
     if os.environ.get("IPUXL_IPU_MEMORY_MIB"):
         changes["memory_bytes_override"] = int(_env_number("IPUXL_IPU_MEMORY_MIB", float) * MiB)
     return dataclasses.replace(DEFAULT_SPEC, **changes) if changes else DEFAULT_SPEC
@@ -181,37 +183,13 @@ class CallSite:
         return f"{self.caller}:{self.node}" + (f" (repeat x{self.count})" if self.kind == "repeat" else "")
 
 
-def _callee(node: fx.Node) -> "Graph | None":
-    from ipuxl.ir.calls import CallTarget
-
-    return node.target.graph if node.op == "call_function" and isinstance(node.target, CallTarget) else None
-
-
-def reachable_graphs(ir: "Ir") -> list["Graph"]:
-    """The main graph and every graph it calls, directly or not (the compiled ones), in IR order."""
-    seen = {ir.main_graph}
-    todo = [ir.main_graph]
-    while todo:
-        for node in todo.pop().fx.nodes:
-            callee = _callee(node)
-            if callee is not None and callee not in seen:
-                seen.add(callee)
-                todo.append(callee)
-    return [g for g in ir.graphs if g in seen]
-
-
 def call_sites(ir: "Ir") -> dict["Graph", list[CallSite]]:
     """For each graph of the IR, the call/repeat nodes of compiled graphs that call it."""
-    from ipuxl.ir.calls import RepeatTarget
-
     sites: dict[Graph, list[CallSite]] = {g: [] for g in ir.graphs}
     for graph in reachable_graphs(ir):
-        for node in graph.fx.nodes:
-            callee = _callee(node)
-            if callee is not None:
-                repeat = isinstance(node.target, RepeatTarget)
-                sites.setdefault(callee, []).append(CallSite(graph.name, node.name, "repeat" if repeat else "call",
-                                                             node.target.count if repeat else 1))
+        for node in call_nodes(graph):
+            site = CallSite(graph.name, node.name, "repeat" if is_repeat(node) else "call", repeat_count(node))
+            sites.setdefault(callee_of(node), []).append(site)
     return sites
 
 
@@ -221,25 +199,21 @@ def is_inlined(graph: "Graph", sites: dict["Graph", list[CallSite]]) -> bool:
     return len(own) == 1 and own[0].kind == "call"
 
 
-def is_view(node: fx.Node) -> bool:
-    return "ipuxl_view_of" in node.meta
-
-
 def is_op(node: fx.Node) -> bool:
     """An op instance of the program: a call_function that is not a tuple item, or a host load."""
     if node.op == "placeholder":
-        return node.meta.get("ipuxl_op") == "host_load"
+        return node.meta.get(OP) == "host_load"
     return node.op == "call_function" and node.target is not operator.getitem
 
 
 def code_nodes(graph: "Graph") -> list[fx.Node]:
     """The ops of ``graph`` that become code: ops except views and subgraph calls."""
-    return [n for n in graph.fx.nodes if is_op(n) and not is_view(n) and _callee(n) is None]
+    return [n for n in graph.fx.nodes if is_op(n) and not is_view(n) and not is_call(n)]
 
 
 def op_type(node: fx.Node) -> str:
     """A readable op type: PopXL's op name when the builder recorded it, else the torch op's."""
-    op = node.meta.get("ipuxl_op")
+    op = node.meta.get(OP)
     if op and op != "output_of":
         return str(op)
     target = node.target
@@ -349,16 +323,16 @@ def activation_profile(ir: "Ir") -> tuple[LiveProfile, str]:
 def describe_node(node: fx.Node | None) -> str:
     if node is None:
         return "no op"
-    callee = _callee(node)
-    if callee is not None:
-        return f"the call of '{callee.name}' ('{node.name}')"
-    return f"op '{node.meta.get('ipuxl_name', node.name)}' ({op_type(node)})"
+    called = callee(node)
+    if called is not None:
+        return f"the call of '{called.name}' ('{node.name}')"
+    return f"op '{node.meta.get(NAME, node.name)}' ({op_type(node)})"
 
 
 def graph_code_bytes(graph: "Graph", sites: dict["Graph", list[CallSite]], spec: IpuSpec) -> tuple[int, int, int]:
     """(code bytes, code op instances, outlined call sites) of one compiled graph."""
     ops = len(code_nodes(graph))
-    calls = sum(1 for n in graph.fx.nodes if (c := _callee(n)) is not None and not is_inlined(c, sites))
+    calls = sum(1 for n in call_nodes(graph) if not is_inlined(callee_of(n), sites))
     return ops * spec.code_bytes_per_op + calls * spec.code_bytes_per_call_site, ops, calls
 
 
@@ -374,7 +348,7 @@ def estimate(ir: "Ir", spec: IpuSpec | None = None) -> ResourceEstimate:
         for node in graph.fx.nodes:
             if node.op == "get_attr":
                 size = tensor_bytes(node.meta.get("val"))
-                if node.meta.get("ipuxl_role") == "variable":
+                if node.meta.get(ROLE) == Role.VARIABLE:
                     variables += size
                     num_variables += 1
                 else:
@@ -384,7 +358,7 @@ def estimate(ir: "Ir", spec: IpuSpec | None = None) -> ResourceEstimate:
         code, code_ops, outlined = code + g_code, code_ops + g_ops, outlined + g_calls
     profile, schedule = activation_profile(ir)
     main = ir.main_graph
-    streams = sum(1 for n in main.fx.nodes if n.op == "placeholder" and n.meta.get("ipuxl_role") in ("h2d", "d2h"))
+    streams = sum(1 for n in main.fx.nodes if n.op == "placeholder" and n.meta.get(ROLE) in Role.STREAMS)
     return ResourceEstimate(
         spec=spec, replication_factor=ir.replication_factor, variable_bytes=variables, num_variables=num_variables,
         constant_bytes=constants, code_bytes=code, code_ops=code_ops, outlined_call_sites=outlined,

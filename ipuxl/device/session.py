@@ -24,7 +24,7 @@ changed afterwards is refused with an error, never run half-way.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence, cast
 
 import numpy as np
 import torch
@@ -40,17 +40,22 @@ from ipuxl.ir.ir import Ir, VariableRecord
 from ipuxl.device.failures import StepFailure, step_error
 from ipuxl.device.replicas import Communicator, ensure_process_group, run_replicas
 from ipuxl.device.dce import eliminate_dead_code
-from ipuxl.device.resources import check_fits
+from ipuxl.device.report import ProgramReport, program_report
+from ipuxl.device.resources import IpuSpec, check_fits
 from ipuxl.device.fuse import (
     call_random_ops_directly, fuse_adam_steps, fuse_adam_updates, fuse_matmul_updates, select_kernels,
 )
-from ipuxl.ir.calls import CallTarget
+from ipuxl.ir.aliases import written_nodes
+from ipuxl.ir.calls import call_nodes, callee_of
 from ipuxl.ir.lower import compiled_callee, lower_to_fx
+from ipuxl.ir.meta import ROLE, SOURCE, STREAM, Role
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream
 from ipuxl.ir.tensor import Constant, Tensor, Variable
 from ipuxl.device.replica_plan import plan_replicas
 
-__all__ = ["Session", "DeviceType", "device_for"]
+__all__ = ["Session", "DeviceType", "device_for", "CompiledGraph"]
+
+_Argument = HostToDeviceStream | DeviceToHostStream  # the main program's arguments: h2d inputs, d2h slots
 
 DeviceType = Literal["ipu_model", "cpu", "ipu_hw"]
 
@@ -105,20 +110,20 @@ class Session:
         self._replica_vars = [{attr: self._to_device(self._plan.initial_value(r, replica), r.tensor.dtype)
                                for attr, r in records.items()} for replica in self._plan.local]
         for tensor, given in (storage or {}).items():  # zero-copy: this replica's storage is the caller's tensor
-            self._replica_vars[0][self._attr(tensor)] = self._bound_storage(tensor, given)
+            self._replica_vars[0][_attr_of(tensor)] = self._bound_storage(tensor, given)
         self._device_vars = self._replica_vars[0]
-        self._compiled: dict[Graph, Callable[..., tuple]] = {}
-        self._callee_modules: dict[Graph, torch.fx.GraphModule] = {}  # for re-running a failed step
+        self._compiled: dict[Graph, CompiledGraph] = {}
         self._call_sites = _count_call_sites(ir)
         self._program = self._compile(ir.main_graph, self._device_vars)
         self._forward = self._program.forward
         self._modules = [self._program] + [self._replica_program(v) for v in self._replica_vars[1:]]
         self._forwards = [m.forward for m in self._modules]
         self._arguments = self._stream_arguments()
-        self._h2d = [s for role, s in self._arguments if role == "h2d"]
-        self._written_inputs = {w.meta["ipuxl_stream"] for n in ir.main_graph.fx.nodes
-                                for w in n.meta.get("ipuxl_writes", ()) if w.meta.get("ipuxl_role") == "h2d"}
-        self._d2h = [s for role, s in self._arguments if role == "d2h"]
+        self._h2d = [s for s in self._arguments if isinstance(s, HostToDeviceStream)]
+        self._written_inputs = {w.meta[STREAM] for w in written_nodes(ir.main_graph) if w.meta.get(ROLE) == Role.H2D}
+        self._d2h = [s for s in self._arguments if isinstance(s, DeviceToHostStream)]
+        self._progress = [0] * len(self._plan.local)  # steps each local replica completed in the last run
+        self._failed_run: IpuxlError | None = None  # the error of this session's last failed run, for __exit__
 
     # -- compilation ---------------------------------------------------------------
     def _compile(self, graph: Graph, attrs: dict[str, torch.Tensor] | None = None) -> torch.fx.GraphModule:
@@ -128,7 +133,7 @@ class Session:
                         call_random_ops_directly, select_kernels):
             rewrite(code)
         # the Python code is generated once, after the rewrites
-        module = torch.fx.GraphModule(root, code, class_name=identifier(f"ipuxl_{graph.name}"))
+        module = torch.fx.GraphModule(root, code, class_name=identifier(f"ipuxl.{graph.name}"))
         return module.to(self.device)
 
     def _replica_program(self, variables: dict[str, torch.Tensor]) -> torch.fx.GraphModule:
@@ -142,26 +147,48 @@ class Session:
     def _compile_callee(self, graph: Graph) -> Callable[..., tuple]:
         if graph not in self._compiled:
             module = self._compile(graph)
-            self._callee_modules[graph] = module
-            self._compiled[graph] = compiled_callee(graph, module.forward)
-        return self._compiled[graph]
+            self._compiled[graph] = CompiledGraph(module, compiled_callee(graph, module.forward))
+        return self._compiled[graph].call
 
-    def _stream_arguments(self) -> list[tuple[str, HostToDeviceStream | DeviceToHostStream]]:
-        """The main program's arguments in order: ("h2d", stream) inputs and ("d2h", stream) slots."""
-        return [(n.meta["ipuxl_role"], n.meta["ipuxl_stream"]) for n in self.ir.main_graph.fx.nodes
-                if n.op == "placeholder" and n.meta.get("ipuxl_role") in ("h2d", "d2h")]
+    def _stream_arguments(self) -> list[_Argument]:
+        """The main program's arguments in order: the streams of its h2d inputs and d2h slots."""
+        return [n.meta[STREAM] for n in self.ir.main_graph.fx.nodes
+                if n.op == "placeholder" and n.meta.get(ROLE) in Role.STREAMS]
 
-    def report(self, spec: Any = None) -> Any:
-        """The program's ``ipuxl.device.report.ProgramReport``: op counts, code size, call sites,
-        memory per IPU (``spec``: an ``IpuSpec``, default the configured one) and FLOPs."""
-        from ipuxl.device.report import program_report
-
+    def report(self, spec: IpuSpec | None = None) -> ProgramReport:
+        """The program's report: op counts, code size, call sites, memory per IPU (``spec``:
+        default the configured one) and FLOPs (``ipuxl.device.report``)."""
         return program_report(self.ir, spec)
 
     @property
     def code(self) -> str:
         """The generated Python code of the main program."""
         return self._program.code
+
+    # -- what was compiled (read-only) ------------------------------------------------------------
+    @property
+    def num_host_transfers(self) -> int:
+        """Steps per ``run``: the IR's ``num_host_transfers`` when the session compiled it."""
+        return self._built.steps
+
+    @property
+    def local_replicas(self) -> list[int]:
+        """The replicas this process runs, by global index (all of them unless under torchrun)."""
+        return list(self._plan.local)
+
+    @property
+    def programs(self) -> tuple[torch.fx.GraphModule, ...]:
+        """The compiled main program of each local replica: one code, each its replica's variables."""
+        return tuple(self._modules)
+
+    def compiled_graph(self, graph: Graph) -> "CompiledGraph | None":
+        """The compiled code of a called ``graph``; None when every call of it was inlined."""
+        return self._compiled.get(graph)
+
+    @property
+    def steps_completed(self) -> tuple[int, ...]:
+        """The steps of the last ``run`` each local replica completed (in ``local_replicas`` order)."""
+        return tuple(self._progress)
 
     # -- attach / detach ---------------------------------------------------------------
     @property
@@ -181,10 +208,11 @@ class Session:
             try:
                 # Another exception leaves the host values as they were; a failed run of this
                 # session does not: its applied steps are kept (see the module docstring).
-                if exc_type is None or getattr(exc[0] if exc else None, "_ipuxl_session", None) is self:
+                if exc_type is None or (exc and exc[0] is self._failed_run):
                     self.weights_to_host()
             finally:
                 self._attached = False
+                self._failed_run = None
 
     def _require_attached(self, what: str) -> None:
         if not self._attached:
@@ -227,19 +255,20 @@ class Session:
         self._check_keys(inputs or {})
         data = inputs or {}
         self._progress = [0] * len(self._plan.local)
+        comm = self._comm
         try:
-            if self._comm is None:
+            if comm is None:
                 results = self._run_one(data, downcast_inputs)
             else:
-                results = self._run_replicas(data, downcast_inputs)
+                results = self._run_replicas(comm, data, downcast_inputs)
         except StepFailure as failure:
             error = step_error(self, failure)
-            error._ipuxl_session = self  # type: ignore[attr-defined]  # for __exit__
+            self._failed_run = error  # its applied steps are kept: __exit__ copies them to the host
             raise error from failure.exc
-        except ReplicaFailureError as error:  # stopped by another process's replica
-            if error.steps_applied is None:
-                error.steps_applied = min(self._progress)
-            error._ipuxl_session = self  # type: ignore[attr-defined]
+        except ReplicaFailureError as stopped:  # stopped by another process's replica
+            if stopped.steps_applied is None:
+                stopped.steps_applied = min(self._progress)
+            self._failed_run = stopped
             raise
         return {s: self._to_host(o, s) for s, o in zip(self._d2h, results)}
 
@@ -248,26 +277,29 @@ class Session:
         loaded = {s: self._stream_input(s, data.get(s), downcast).reshape(n, *s.shape).unbind(0) for s in self._h2d}
         outputs = [torch.empty((n, *s.shape), dtype=s.dtype, device=self.device) for s in self._d2h]
         slots = {s: o.unbind(0) for s, o in zip(self._d2h, outputs)}
-        self._steps(self._forward, [loaded[s] if role == "h2d" else slots[s] for role, s in self._arguments], 0)
+        columns = [loaded[s] if isinstance(s, HostToDeviceStream) else slots[s] for s in self._arguments]
+        self._steps(self._forward, columns, 0)
         return outputs
 
-    def _run_replicas(self, data: Mapping[HostToDeviceStream, Any], downcast: bool) -> list[torch.Tensor]:
+    def _run_replicas(self, comm: Communicator, data: Mapping[HostToDeviceStream, Any],
+                      downcast: bool) -> list[torch.Tensor]:
         n, local = self._built.steps, self._plan.local
         loaded = {s: self._stream_input(s, data.get(s), downcast) for s in self._h2d}  # (n, local, *shape)
         outputs = [torch.empty((n, len(local), *s.shape), dtype=s.dtype, device=self.device) for s in self._d2h]
         slots = dict(zip(self._d2h, outputs))
 
         def work(i: int) -> Callable[[], None]:
-            columns = [(loaded[s] if role == "h2d" else slots[s])[:, i].unbind(0) for role, s in self._arguments]
+            columns = [(loaded[s] if isinstance(s, HostToDeviceStream) else slots[s])[:, i].unbind(0)
+                       for s in self._arguments]
             return lambda: self._steps(self._forwards[i], columns, i)
 
-        run_replicas(self._comm, [work(i) for i in range(len(local))])
-        return [self._comm.gather_processes(o, 1) for o in outputs]
+        run_replicas(comm, [work(i) for i in range(len(local))])
+        return [comm.gather_processes(o, 1) for o in outputs]
 
-    def _steps(self, forward: Callable[..., Any], columns: list[Sequence[torch.Tensor]], index: int) -> None:
+    def _steps(self, forward: Callable[..., Any], columns: Sequence[Sequence[torch.Tensor]], index: int) -> None:
         """Run ``forward`` once per device iteration over the per-step argument columns
         (``index``: the local replica). Records how many steps completed; a step that
-        fails leaves as ``StepFailure`` (with its arguments, for ``_step_error``)."""
+        fails leaves as ``StepFailure`` (with its arguments, for ``failures.step_error``)."""
         n = self._built.steps
         steps = list(zip(*columns)) if columns else [()] * n
         step = 0
@@ -304,7 +336,7 @@ class Session:
                 f"ir.num_host_transfers changed from {built.steps} to {ir.num_host_transfers} after the Session "
                 f"was created: the session runs {built.steps} steps per run", where=where, fix=fix)
         added = [r.tensor for r in ir.variable_records.values() if r.tensor not in self._records]
-        made = "; ".join(f"'{t.name}' made at {t.node.meta.get('ipuxl_source')}" for t in added)
+        made = "; ".join(f"'{t.name}' made at {t.node.meta.get(SOURCE)}" for t in added)
         raise DeviceError(
             f"the IR has {len(added)} variable(s) more than when the Session was created "
             f"({', '.join(repr(t.name) for t in added)}): the compiled program does not have them",
@@ -418,15 +450,12 @@ class Session:
         """ipuxl only: from now on ``given`` is the device storage of ``tensor`` (first local
         replica), as with ``Session(storage=...)``; the variable takes ``given``'s values."""
         storage = self._bound_storage(tensor, given)
-        attr = self._attr(tensor)
+        attr = _attr_of(tensor)
         self._device_vars[attr] = storage
         setattr(self._program, attr, storage)
 
     def _to_device(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(np.array(array, copy=True)).to(self.device, dtype)
-
-    def _attr(self, tensor: Variable) -> str:
-        return tensor.node.target  # type: ignore[return-value]
 
     def _host_replicas(self, record: VariableRecord) -> list[int] | None:
         """The replica behind each row of a variable's host buffer (None: the buffer is one value).
@@ -465,7 +494,7 @@ class Session:
         self._require_attached("weights_to_host")
         local = self._plan.local
         for tensor, host in self._host.items():
-            record, attr = self._records[tensor], self._attr(tensor)
+            record, attr = self._records[tensor], _attr_of(tensor)
             rows = self._host_replicas(record)
             if rows is None:
                 value = self._device_vars[attr].detach().to("cpu")
@@ -495,7 +524,7 @@ class Session:
             self._load_replicas(tensor, host)
 
     def _load_replicas(self, tensor: Variable, host: np.ndarray) -> None:
-        record, attr = self._records[tensor], self._attr(tensor)
+        record, attr = self._records[tensor], _attr_of(tensor)
         for replica, variables in zip(self._plan.local, self._replica_vars):
             row = self._host_row(record, replica)
             variables[attr].copy_(torch.from_numpy(host if row is None else host[row]))
@@ -547,7 +576,7 @@ class Session:
                 f"the variable's host data has shape {expected_shape}{rows}", fix="reshape the data to the variable's host shape")
         return array
 
-    def _check_own(self, tensor: Any, kinds: tuple[type, ...], what: str) -> None:
+    def _check_own(self, tensor: Any, kinds: tuple[type[Tensor], ...], what: str) -> None:
         if not isinstance(tensor, kinds):
             raise InvalidArgumentError(
                 f"{what}: {tensor!r} is not a {' or '.join(k.__name__ for k in kinds)}",
@@ -560,19 +589,32 @@ class Session:
             raise InvalidArgumentError(
                 f"{what}: variable '{tensor.name}' was added to the IR after this Session was created "
                 f"(at {self._built.created_at}), so the session's compiled program does not have it",
-                where=tensor.node.meta.get("ipuxl_source") or user_source_line(),
+                where=tensor.node.meta.get(SOURCE) or user_source_line(),
                 fix="create a new Session after changing the IR: a Session compiles the IR once, when it is created")
 
 
 def _count_call_sites(ir: Ir) -> Counter[Graph]:
     """How many call/repeat nodes of the whole IR call each graph."""
-    return Counter(node.target.graph for graph in ir.graphs for node in graph.fx.nodes
-                   if isinstance(node.target, CallTarget))
+    return Counter(callee_of(node) for graph in ir.graphs for node in call_nodes(graph))
+
+
+def _attr_of(tensor: Variable | Constant) -> str:
+    """The ``get_attr`` target that names a variable's or constant's storage."""
+    return cast(str, tensor.node.target)
 
 
 def _constant_value(tensor: Constant) -> np.ndarray:
-    value = tensor.graph.constants[tensor.node.target]
+    value = tensor.graph.constants[_attr_of(tensor)]
     return value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
+
+
+class CompiledGraph(NamedTuple):
+    """A called graph as the session compiled it."""
+
+    module: torch.fx.GraphModule
+    """Its generated code."""
+    call: Callable[..., tuple]
+    """The function its call sites in the generated code call."""
 
 
 class _Built(NamedTuple):

@@ -7,13 +7,15 @@ ipuxl records aliasing on the nodes themselves (keys in ``ipuxl.ir.meta``):
   storage: ``VIEW_OF`` points at the input;
 * an op that writes in place lists what it writes in ``WRITES``: the *in-place roots*
   of the written tensors (``storage_owner(node, views=False)``), so writes through a
-  chain of in-place results land on one node; a written view stays its own root,
-  because lowering copies a view that is written (PopXL's view-like ops return new
-  tensors), so writing it never reaches the view's source.
+  chain of in-place results land on one node. A written view stays its own root:
+  lowering copies a view that is written (PopXL's view-like ops return new tensors),
+  so writing it never reaches the view's source.
 
-``storage_owner`` is the one function that follows these records; the passes that
-ask "which storage is this?" (lowering, in-place ordering, liveness, optimiser
-rules) differ only in its arguments.
+A node carries at most one of ``MODIFIES`` and ``VIEW_OF`` (``ir.build.emit`` records
+one or the other; copying a node copies its records).
+
+:func:`storage_owner` is the one function that follows these records; the passes that
+ask "which storage is this?" differ only in its arguments (see its docstring).
 """
 from __future__ import annotations
 
@@ -32,10 +34,29 @@ __all__ = ["storage_owner", "writes", "view_source", "is_view", "written_nodes",
 def storage_owner(node: fx.Node, *, views: bool = True, copied: AbstractSet[fx.Node] = frozenset()) -> fx.Node:
     """The node owning the storage ``node``'s value lives in.
 
-    Follows in-place results (``MODIFIES``) always, and views (``VIEW_OF``) unless
-    ``views=False`` (the in-place root, what ``WRITES`` records). A view in ``copied``
-    owns its storage: lowering copies it (a written view, or one whose source is
-    written while it is still read), so it stops the walk.
+    Follows in-place results (``MODIFIES``) always, and views (``VIEW_OF``) unless the
+    walk is told to stop there. Callers pick the question they ask:
+
+    * ``storage_owner(n)``: the allocation ``n`` lives in, through in-place results and
+      views (constant checks in ``emit``, liveness, the optimiser rules' write checks);
+    * ``storage_owner(n, views=False)``: the *in-place root*, what ``WRITES`` records
+      (``emit``, call arguments passed by reference);
+    * ``storage_owner(n, copied=views)``: as ``storage_owner(n)``, but a view in
+      ``copied`` owns its storage because lowering copies it (lowering passes the views
+      it copies; in-place ordering the views some op writes).
+
+    Args:
+        node: any node of a graph.
+        views: follow ``VIEW_OF`` records (else stop at the first view).
+        copied: views that own their storage: the walk stops at them.
+
+    Returns:
+        ``node`` itself when it allocates, else the node whose storage it aliases.
+
+    Example:
+        >>> w = ipuxl.variable(np.zeros((2, 2), np.float32))
+        >>> storage_owner(w.reshape((4,)).node) is w.node
+        True
     """
     while True:
         parent = node.meta.get(MODIFIES)
@@ -59,12 +80,13 @@ def view_source(node: fx.Node) -> fx.Node | None:
 
 
 def is_view(node: fx.Node) -> bool:
+    """True when ``node`` is recorded as a view (its result shares an input's storage)."""
     return VIEW_OF in node.meta
 
 
 def written_nodes(nodes: "Graph | Iterable[fx.Node]") -> set[fx.Node]:
     """Every node some op of ``nodes`` (a graph, or a sequence of its nodes) writes in place."""
-    iterable = nodes.fx.nodes if hasattr(nodes, "fx") else nodes  # type: ignore[union-attr]
+    iterable = nodes.fx.nodes if hasattr(nodes, "fx") else nodes
     return {w for n in iterable for w in n.meta.get(WRITES, ())}
 
 

@@ -21,7 +21,9 @@ from torch.utils._pytree import tree_map
 
 from ipuxl.errors import GraphContextError, InvalidArgumentError, ShapeMismatchError
 from ipuxl.ir import context
+from ipuxl.ir.aliases import storage_owner
 from ipuxl.ir.graph import Graph, identifier, describe
+from ipuxl.ir.meta import IN_SEQUENCE, MODIFIES, NAME, OP, OP_ID, SOURCE, VIEW_OF, WRITES
 from ipuxl.ir.tensor import Tensor
 
 __all__ = ["emit", "check_same_graph", "check_same_shape", "check_writable"]
@@ -72,16 +74,16 @@ def emit(
     node = graph.fx.create_node("call_function", target, node_args, node_kwargs,
                                 name=identifier(name or op_name))
     _record(node, op_name, meta_out, name)
-    node.meta["ipuxl_op_id"] = graph.ir.next_op_id()
+    node.meta[OP_ID] = graph.ir.next_op_id()
     if modifies is not None:
-        node.meta["ipuxl_modifies"] = _root(modifies.node)
+        node.meta[MODIFIES] = storage_owner(modifies.node, views=False)
     elif aliases is not None:
-        node.meta["ipuxl_view_of"] = aliases.node
+        node.meta[VIEW_OF] = aliases.node
     else:
         _record_view(node, meta_out, args, kwargs, meta_args)
     written = ([modifies] if modifies is not None else []) + list(writes)
     if written:
-        node.meta["ipuxl_writes"] = [_root(t.node) for t in written]
+        node.meta[WRITES] = [storage_owner(t.node, views=False) for t in written]
     if num_outputs is None:
         return graph.wrap(node)
     return tuple(_getitem(graph, node, i, meta_out[i], name) for i in range(num_outputs))
@@ -110,10 +112,10 @@ def check_writable(graph: Graph, op_name: str, written: Sequence[Tensor]) -> Non
     for tensor in written:
         if not isinstance(tensor, Tensor):
             continue
-        root = _storage_owner(tensor.node)
+        root = storage_owner(tensor.node)
         if root.op != "get_attr" or root.target not in graph.constants:
             continue
-        name = root.meta.get("ipuxl_name", root.target)
+        name = root.meta.get(NAME, root.target)
         written_to = (f"constant '{name}'" if root is tensor.node
                       else f"{describe(tensor)}, a view of constant '{name}'")
         from ipuxl import ops  # ops are built on this module: bind late
@@ -131,15 +133,6 @@ def check_writable(graph: Graph, op_name: str, written: Sequence[Tensor]) -> Non
         )
 
 
-def _storage_owner(node: fx.Node) -> fx.Node:
-    """The node owning the storage ``node`` aliases, through in-place results and views."""
-    while True:
-        parent = node.meta.get("ipuxl_modifies", node.meta.get("ipuxl_view_of"))
-        if parent is None:
-            return node
-        node = parent
-
-
 def _infer_meta(op_name: str, fn: Callable[..., Any], args: Any, kwargs: Any, meta_args: Any) -> Any:
     try:
         return fn(*meta_args[0], **meta_args[1])
@@ -155,12 +148,12 @@ def _infer_meta(op_name: str, fn: Callable[..., Any], args: Any, kwargs: Any, me
 
 def _record(node: fx.Node, op_name: str, meta_out: Any, name: str | None) -> None:
     node.meta["val"] = meta_out
-    node.meta["ipuxl_op"] = op_name
+    node.meta[OP] = op_name
     if name:
-        node.meta["ipuxl_name"] = name
-    node.meta["ipuxl_source"] = context.user_source_line()
+        node.meta[NAME] = name
+    node.meta[SOURCE] = context.user_source_line()
     if context.in_sequence_enabled():
-        node.meta["ipuxl_in_sequence"] = True
+        node.meta[IN_SEQUENCE] = True
 
 
 def _record_view(node: fx.Node, meta_out: Any, args: Any, kwargs: Any, meta_args: Any) -> None:
@@ -179,7 +172,7 @@ def _record_view(node: fx.Node, meta_out: Any, args: Any, kwargs: Any, meta_args
         base = out._base if out._base is not None else out
         for tensor, meta in inputs:
             if base is meta or base is meta._base:
-                node.meta["ipuxl_view_of"] = tensor.node
+                node.meta[VIEW_OF] = tensor.node
                 return
 
 
@@ -193,19 +186,12 @@ def _getitem(graph: Graph, node: fx.Node, i: int, meta: Any, name: str | None) -
     item = graph.fx.create_node("call_function", operator.getitem, (node, i), {},
                                 name=f"{node.name}_{i}")
     item.meta["val"] = meta
-    item.meta["ipuxl_op"] = "output_of"
-    if "ipuxl_view_of" in node.meta:
-        item.meta["ipuxl_view_of"] = node.meta["ipuxl_view_of"]
+    item.meta[OP] = "output_of"
+    if VIEW_OF in node.meta:
+        item.meta[VIEW_OF] = node.meta[VIEW_OF]
     if name:
-        item.meta["ipuxl_name"] = f"{name}_{i}"
+        item.meta[NAME] = f"{name}_{i}"
     return graph.wrap(item)
-
-
-def _root(node: fx.Node) -> fx.Node:
-    """The node that owns the storage ``node`` aliases (through in-place ops)."""
-    while "ipuxl_modifies" in node.meta:
-        node = node.meta["ipuxl_modifies"]
-    return node
 
 
 def _to_node(value: Any) -> Any:

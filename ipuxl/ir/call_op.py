@@ -7,7 +7,7 @@ the graph registered under ``key``". Its fake kernel returns empty tensors of th
 callee's output specs, so a trace costs one node per call whatever the callee's
 size. Two places make such traces:
 
-* module capture (``capture.trace``) calls a repeated block module's graph, traced
+* module capture (``capture.blocks``) calls a repeated block module's graph, traced
   once, from every place the block runs;
 * autodiff (``passes.autodiff``) differentiates a called graph once and calls it
   through ``CallGraphFunction``, an ``autograd.Function`` whose backward calls the
@@ -105,7 +105,7 @@ class CallGraphFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(key: int, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+    def forward(key: int, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(torch.ops.ipuxl.call_graph(key, list(args)))
 
     @staticmethod
@@ -116,7 +116,7 @@ class CallGraphFunction(torch.autograd.Function):
         ctx.set_materialize_grads(False)  # no zeros traced for outputs nothing reads (saved activations)
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:  # type: ignore[override]
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
         entry = call_entry(ctx.key)
         if entry.backward is None:  # pragma: no cover - __call__ only applies this with a rule
             raise AutodiffError(f"the call of graph '{entry.name}' has no gradient rule")

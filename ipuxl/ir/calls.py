@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from ipuxl.ir.ir import Ir
 
 __all__ = [
-    "CallTarget", "RepeatTarget", "run_repeat", "callee", "is_call", "is_repeat", "repeat_count", "call_nodes",
-    "called_graphs", "reachable_graphs", "reachable_from", "any_reachable", "CALL_COST", "MIN_SAVINGS",
+    "CallTarget", "RepeatTarget", "run_repeat", "callee", "callee_of", "is_call", "is_repeat", "repeat_count",
+    "call_nodes", "called_graphs", "reachable_graphs", "reachable_from", "any_reachable", "CALL_COST", "MIN_SAVINGS",
 ]
 
 #: A call site's cost in ops (the resource model charges a call a few control instructions).
@@ -81,6 +81,14 @@ def callee(node: Any) -> "Graph | None":
     return target.graph if isinstance(target, CallTarget) and node.op == "call_function" else None
 
 
+def callee_of(node: fx.Node) -> "Graph":
+    """The graph the call or repeat ``node`` runs; ``node`` must be one (see ``is_call``)."""
+    graph = callee(node)
+    if graph is None:
+        raise TypeError(f"node '{node.name}' is not a call of a subgraph")
+    return graph
+
+
 def is_call(node: Any) -> bool:
     """True for a call or repeat of a subgraph."""
     return callee(node) is not None
@@ -107,7 +115,7 @@ def called_graphs(graph: "Graph") -> list["Graph"]:
     """The graphs ``graph`` calls directly, each once, in order of first call."""
     found: dict["Graph", None] = {}
     for node in call_nodes(graph):
-        found.setdefault(callee(node))  # type: ignore[arg-type]
+        found.setdefault(callee_of(node))
     return list(found)
 
 

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import os
 import sys
+import types
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import torch
@@ -18,6 +19,7 @@ from ipuxl.errors import GraphContextError
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
+    from ipuxl.ir.replica_grouping import ReplicaGrouping
 
 __all__ = ["gcg", "get_current_graph", "in_sequence", "user_source_line"]
 
@@ -68,7 +70,7 @@ class in_sequence:  # noqa: N801 - PopXL's public name
     """Force ops to run in the order they are built (context manager or decorator).
 
     ipuxl always executes a graph's ops in build order, so this never changes results
-    here; it records the constraint on each op (``node.meta["ipuxl_in_sequence"]``)
+    here; it records the constraint on each op (``node.meta[ipuxl.ir.meta.IN_SEQUENCE]``)
     so that passes which reorder ops must keep it, as in PopXL.
     """
 
@@ -93,7 +95,7 @@ class in_sequence:  # noqa: N801 - PopXL's public name
 
 def user_source_line() -> str | None:
     """``file:line in function`` of the innermost frame outside ipuxl, if any."""
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         filename = os.path.abspath(frame.f_code.co_filename)
         if not filename.startswith(SKIP_PREFIXES):

@@ -1,12 +1,12 @@
 """Import the body of a make_fx (aten-level) GraphModule into an IR graph.
 
 Used by ``transforms.autodiff`` (the partitioned forward and backward) and by module
-capture (``capture.trace``): each node is copied with a meta tensor value, a fresh op
-id and, for aten ops that return a view of their input, the ``ipuxl_view_of`` record
-that lowering needs to keep PopXL's value semantics. ``ipuxl::call_graph`` nodes (calls
+capture (``capture.to_ir``): each node is copied with a meta tensor value, a fresh op
+id and, for aten ops that return a view of their input, the ``VIEW_OF`` record
+(``ipuxl.ir.meta``) that lowering needs to keep PopXL's value semantics. ``ipuxl::call_graph`` nodes (calls
 of shared graphs recorded while tracing, see ``ir.call_op``) become IR calls.
 
-Each copied op also gets ``meta["ipuxl_source"]``, the user's ``file:line in function``
+Each copied op also gets ``meta[SOURCE]``, the user's ``file:line in function``
 that made it (what errors quote), from one of two places:
 
 * a module trace records stack traces (``make_fx(..., record_stack_traces=True)``):
@@ -21,7 +21,7 @@ from __future__ import annotations
 import operator
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.fx as fx
@@ -29,12 +29,16 @@ import torch.fx as fx
 from ipuxl.ir.call_op import call_entry, is_call_graph_node
 from ipuxl.ir.context import SKIP_PREFIXES, STDLIB_DIR
 from ipuxl.ir.calls import CallTarget
+from ipuxl.ir.meta import CALLED_GRAPH, NAME, OP, OP_ID, SOURCE, VIEW_OF
+
+if TYPE_CHECKING:
+    from ipuxl.ir.ir import Ir
 
 __all__ = ["copy_fx_body", "to_meta"]
 
 
 def copy_fx_body(source: fx.GraphModule, new: fx.Graph, env: dict[fx.Node, fx.Node],
-                 constants: dict[str, torch.Tensor], ir: Any, *, replaces: fx.Graph | None = None) -> None:
+                 constants: dict[str, torch.Tensor], ir: "Ir", *, replaces: fx.Graph | None = None) -> None:
     """Copy every op of ``source`` into ``new``; ``env`` maps source nodes (placeholders
     already bound) to new nodes and is filled in; constants land in ``constants``.
     ``replaces``: the body ``new`` replaces (a trace of it), whose ops lend their sources."""
@@ -48,7 +52,7 @@ def copy_fx_body(source: fx.GraphModule, new: fx.Graph, env: dict[fx.Node, fx.No
             env[node] = calls[node] = _import_call(node, new, env, ir)
             line = replaced.source_of(node) if replaced is not None else None
             if line:
-                calls[node].meta["ipuxl_source"] = line
+                calls[node].meta[SOURCE] = line
             continue
         copied = new.node_copy(node, lambda n: env[n])
         # the stack trace is only read here: kept, fx would print it into every generated program
@@ -56,29 +60,35 @@ def copy_fx_body(source: fx.GraphModule, new: fx.Graph, env: dict[fx.Node, fx.No
         if line is None and replaced is not None:
             line = replaced.source_of(node)
         if line and node.op == "call_function":
-            copied.meta["ipuxl_source"] = line
+            copied.meta[SOURCE] = line
         if node.target is operator.getitem and node.args[0] in calls:
-            out = calls[node.args[0]].meta["ipuxl_called_graph"].outputs[node.args[1]]
-            copied.meta.update(ipuxl_op="output_of", ipuxl_name=out.name)
+            out = calls[cast(fx.Node, node.args[0])].meta[CALLED_GRAPH].outputs[cast(int, node.args[1])]
+            copied.meta.update({OP: "output_of", NAME: out.name})
         copied.meta["val"] = to_meta(node.meta.get("val"))
         if node.op == "call_function" and node.target is not operator.getitem:
-            copied.meta["ipuxl_op_id"] = ir.next_op_id()
+            copied.meta[OP_ID] = ir.next_op_id()
         if _returns_view(node.target) and copied.all_input_nodes:
-            copied.meta["ipuxl_view_of"] = copied.all_input_nodes[0]
+            copied.meta[VIEW_OF] = copied.all_input_nodes[0]
         if node.op == "get_attr":
             constants[node.target] = getattr(source, node.target)
         env[node] = copied
 
 
-def _import_call(node: fx.Node, new: fx.Graph, env: dict[fx.Node, fx.Node], ir: Any) -> fx.Node:
+def _import_call(node: fx.Node, new: fx.Graph, env: dict[fx.Node, fx.Node], ir: "Ir") -> fx.Node:
     """An IR call of the graph behind an ``ipuxl::call_graph`` node."""
-    key, args = node.args
+    key, args = _call_graph_args(node)
     graph = call_entry(key).graph
     target = CallTarget(graph)
     call = new.create_node("call_function", target, tuple(env[a] for a in args), {}, name=target.__name__)
-    call.meta.update(val=to_meta(tuple(node.meta["val"])), ipuxl_op="call", ipuxl_called_graph=graph,
-                     ipuxl_op_id=ir.next_op_id())
+    call.meta.update({"val": to_meta(tuple(node.meta["val"])), OP: "call", CALLED_GRAPH: graph,
+                      OP_ID: ir.next_op_id()})
     return call
+
+
+def _call_graph_args(node: fx.Node) -> tuple[int, list[fx.Node]]:
+    """The call key and the argument nodes of an ``ipuxl::call_graph`` node."""
+    key, args = node.args
+    return cast(int, key), list(cast(list, args))
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
@@ -142,14 +152,14 @@ class _ReplacedBody:
     @staticmethod
     def of(old: fx.Graph, env: dict[fx.Node, fx.Node]) -> "_ReplacedBody | None":
         """The replaced body ``old``, if any of its ops has a source to lend."""
-        if not any(n.meta.get("ipuxl_source") for n in old.nodes):
+        if not any(n.meta.get(SOURCE) for n in old.nodes):
             return None
         return _ReplacedBody(old, env)
 
     def source_of(self, node: fx.Node) -> str | None:
         """The source of ``node``'s counterpart (``node``: a traced node, visited in order)."""
         match = self._match(node)
-        return match.meta.get("ipuxl_source") if match is not None and match.op == "call_function" else None
+        return match.meta.get(SOURCE) if match is not None and match.op == "call_function" else None
 
     def _match(self, node: fx.Node) -> fx.Node | None:
         if node in self._matched:
@@ -174,7 +184,7 @@ class _ReplacedBody:
     def _key(node: fx.Node, counterpart: Any) -> tuple:
         target = node.target
         if is_call_graph_node(node):
-            key, args = node.args
+            key, args = _call_graph_args(node)
             return ("call", call_entry(key).graph, _hashable(tuple(args), counterpart))
         if isinstance(target, CallTarget):
             return ("call", target.graph, _hashable(tuple(node.args), counterpart))

@@ -4,21 +4,34 @@ The fx graph holds the ops in build order (the program order every pass keeps).
 Inputs are its placeholders; outputs are kept as a list and become the fx output
 node only when the graph is compiled, so ops can still be appended after outputs
 are set.
+
+Each node has at most one ``Tensor`` handle (``Graph.wrap``); users and passes hold
+handles, so a pass that replaces nodes moves their handles with it
+(``Graph.replace_body`` / ``Graph.rebuild``) instead of editing them.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+import contextlib
+import types
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, TypeVar, overload
 
 import torch
 import torch.fx as fx
 
+from ipuxl.errors import PassError
 from ipuxl.ir import context
-from ipuxl.ir.tensor import Tensor, TensorSpec
+from ipuxl.ir.aliases import is_written
+from ipuxl.ir.meta import BY_REF, NAME, ROLE, Role
+from ipuxl.ir.printer import format_schedule
+from ipuxl.ir.tensor import Tensor, TensorSpec, move_handle
 
 if TYPE_CHECKING:
+    from ipuxl.ir.grad_info import GradGraphInfo
     from ipuxl.ir.ir import Ir
 
-__all__ = ["Graph"]
+__all__ = ["Graph", "identifier", "describe"]
+
+T = TypeVar("T", bound=Tensor)
 
 
 class Graph:
@@ -29,6 +42,8 @@ class Graph:
         name: unique name within the IR (``Linear_subgraph(0)``, as PopXL names them).
         base_name: the name it was created from (``Linear``).
         fx: the underlying ``torch.fx.Graph`` (ops in program order).
+        constants: the data of the graph's constants, by ``get_attr`` target.
+        grad_info: what autodiff recorded when it differentiated this graph, else None.
     """
 
     def __init__(self, ir: "Ir", name: str, base_name: str | None = None):
@@ -40,8 +55,7 @@ class Graph:
         self._outputs: list[Tensor] = []
         self._handles: dict[fx.Node, Tensor] = {}
         self.constants: dict[str, torch.Tensor] = {}
-        # (grad graph, expected inputs, required inputs) once autodiff differentiated it
-        self._ipuxl_grad: tuple | None = None
+        self.grad_info: GradGraphInfo | None = None
 
     # -- context ------------------------------------------------------------------
     def __enter__(self) -> "Graph":
@@ -70,16 +84,19 @@ class Graph:
     def is_main(self) -> bool:
         return self is self.ir.main_graph
 
-    def add_input(self, spec: TensorSpec, name: str, *, by_ref: bool = False,
-                   role: str = "input") -> Tensor:
-        """Append a graph input (an fx placeholder after the existing ones)."""
+    def add_input(self, spec: TensorSpec, name: str, *, by_ref: bool = False, role: str = Role.INPUT) -> Tensor:
+        """Append a placeholder after the existing ones; a graph input when ``role`` is ``Role.INPUT``.
+
+        Other roles (host-stream slots, a module's seed) are placeholders the device
+        fills itself: they are not in ``inputs``.
+        """
         node = self._insert_placeholder(name)
         node.meta["val"] = spec.to_meta()
-        node.meta["ipuxl_name"] = name
-        node.meta["ipuxl_role"] = role
-        node.meta["ipuxl_by_ref"] = by_ref
+        node.meta[NAME] = name
+        node.meta[ROLE] = role
+        node.meta[BY_REF] = by_ref
         tensor = self.wrap(node)
-        if role == "input":
+        if role == Role.INPUT:
             self._inputs.append(tensor)
         return tensor
 
@@ -102,29 +119,118 @@ class Graph:
             return self.fx.placeholder(target)
 
     def set_outputs(self, outputs: Iterable[Tensor]) -> None:
+        """Make ``outputs`` (tensors of this graph) the graph's outputs, in order."""
         self._outputs = list(outputs)
 
     def add_output(self, tensor: Tensor) -> int:
+        """Append ``tensor`` to the outputs; returns its index."""
         self._outputs.append(tensor)
         return len(self._outputs) - 1
 
+    # -- handles ------------------------------------------------------------------------
+    @overload
+    def wrap(self, node: fx.Node) -> Tensor: ...
+
+    @overload
+    def wrap(self, node: fx.Node, cls: type[T]) -> T: ...
+
     def wrap(self, node: fx.Node, cls: type[Tensor] = Tensor) -> Tensor:
-        """The unique Tensor handle of ``node`` (created on first use)."""
+        """The unique Tensor handle of ``node`` (created on first use, of class ``cls``)."""
         handle = self._handles.get(node)
         if handle is None:
             handle = cls(self, node)
             self._handles[node] = handle
         return handle
 
+    def handle(self, node: fx.Node) -> Tensor | None:
+        """The Tensor handle of ``node`` if one was made, else None (makes none)."""
+        return self._handles.get(node)
+
+    def handles(self) -> Mapping[fx.Node, Tensor]:
+        """Every handle made so far, by node (a read-only view)."""
+        return types.MappingProxyType(self._handles)
+
+    def replace_body(self, new_fx: fx.Graph, node_map: Mapping[fx.Node, fx.Node]) -> None:
+        """Make ``new_fx`` this graph's body; handles follow ``node_map`` (old node -> new node).
+
+        For a pass that rebuilt the graph. Every handle of a mapped node now stands for
+        its new node, so the graph's inputs and outputs, and tensors users hold, stay
+        valid. Where the new node already has a handle, the moved one replaces it
+        (outputs naming the replaced handle name the moved one); where two old nodes
+        map to one new node, the first one's handle is kept for both. Handles of nodes
+        still in ``new_fx`` stay; the rest are dropped. ``new_fx`` may be ``self.fx``
+        (a pass that edited the body in place: map each replaced node to its
+        replacement, and erase the replaced nodes first).
+
+        Raises:
+            PassError: an input or output is left without a node in ``new_fx``.
+        """
+        with self.rebuild(new_fx, dict(node_map)):
+            pass
+
+    @contextlib.contextmanager
+    def rebuild(self, new_fx: fx.Graph, node_map: dict[fx.Node, fx.Node]) -> Iterator["Graph"]:
+        """Build a replacement body with ops, then swap it in (as ``replace_body``).
+
+        On entry ``new_fx``, which holds the new placeholders, becomes ``self.fx`` (ops
+        built under ``with graph:`` go into it) and the inputs' handles follow the
+        placeholders mapped in ``node_map`` at once. The block adds the other old nodes
+        whose handles must survive (the outputs at least) to ``node_map``; on exit they
+        follow. A block that raises leaves the graph half rebuilt.
+
+        Example (``y = f(x)`` becomes ``y = log(x)``; ``x`` and ``y`` stay valid):
+            >>> new = torch.fx.Graph()
+            >>> node_map = {x.node: new.placeholder(x.node.target)}
+            >>> node_map[x.node].meta.update(x.node.meta)
+            >>> old_y = y.node
+            >>> with graph.rebuild(new, node_map), graph:
+            ...     node_map[old_y] = ops.log(x).node
+        """
+        alive = set(new_fx.nodes)
+        pending = {n: h for n, h in self._handles.items() if n not in alive or n in node_map}
+        self._handles = {n: h for n, h in self._handles.items() if n not in pending}
+        self.fx = new_fx
+        moved: dict[fx.Node, Tensor] = {}
+        self._move_handles(pending, {old: new for old, new in node_map.items() if old.op == "placeholder"}, moved)
+        yield self
+        self._move_handles(pending, node_map, moved)
+        self._check_io_kept(set(pending.values()))
+
+    def _move_handles(self, pending: dict[fx.Node, Tensor], node_map: Mapping[fx.Node, fx.Node],
+                      moved: dict[fx.Node, Tensor]) -> None:
+        """Move the handles of ``pending`` nodes in ``node_map`` to their new nodes."""
+        for old, new in node_map.items():
+            handle = pending.pop(old, None)
+            if handle is None:
+                continue
+            if new in moved:  # an earlier old node took it: keep that handle for both
+                self._redirect(handle, moved[new])
+                continue
+            displaced = self._handles.get(new)
+            move_handle(handle, new)
+            self._handles[new] = moved[new] = handle
+            if displaced is not None:
+                self._redirect(displaced, handle)
+
+    def _redirect(self, old: Tensor, new: Tensor) -> None:
+        """Inputs and outputs that name handle ``old`` name ``new`` instead."""
+        self._inputs = [new if t is old else t for t in self._inputs]
+        self._outputs = [new if t is old else t for t in self._outputs]
+
+    def _check_io_kept(self, dropped: set[Tensor]) -> None:
+        for kind, tensors in (("input", self._inputs), ("output", self._outputs)):
+            lost = [t.name for t in tensors if t in dropped]
+            if lost:
+                raise PassError(f"graph '{self.name}' was given a new body without the node of {kind}(s) {lost}",
+                                fix="map every input and output node to its replacement in node_map")
+
     def is_input_modified(self, tensor: Tensor) -> bool:
         """True when an in-place op of this graph writes to input ``tensor``."""
-        return any(tensor.node in n.meta.get("ipuxl_writes", ()) for n in self.fx.nodes)
+        return is_written(self, tensor.node)
 
     # -- inspection ----------------------------------------------------------------------
     def print_schedule(self) -> str:
         """Return the graph's ops in schedule order, in PopXL's text form."""
-        from ipuxl.ir.printer import format_schedule
-
         return format_schedule(self)
 
     def __repr__(self) -> str:

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
+import torch.fx as fx
 
 from ipuxl.dtypes import DOWNCAST, check_supported, from_any, to_numpy_dtype
 from ipuxl.errors import GraphContextError, InvalidArgumentError, ReplicationError
 from ipuxl.ir import context
-from ipuxl.ir.ir import VariableRecord
+from ipuxl.ir.meta import NAME, ROLE, SOURCE, Role
 from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.ir.tensor import Constant, Tensor, TensorByRef, TensorSpec, Variable
 
@@ -103,10 +104,10 @@ def variable(data: Any, dtype: torch.dtype | None = None, name: str | None = Non
     shape = _grouped_shape(ir, name or "variable", array.shape, replica_grouping, retrieval_mode)
     attr = ir.unique_name(set(ir.variable_records) | set(graph.constants), _attr_name(name or "variable"))
     node = graph.fx.get_attr(attr)
-    _record_leaf(node, shape, torch_dtype, name or attr, "variable")
+    _record_leaf(node, shape, torch_dtype, name or attr, Role.VARIABLE)
     tensor = graph.wrap(node, Variable)
-    ir.variable_records[attr] = VariableRecord(tensor, array, replica_grouping, retrieval_mode or "one_per_group")
-    return tensor  # type: ignore[return-value]
+    ir.record_variable(attr, tensor, array, replica_grouping, retrieval_mode or "one_per_group")
+    return tensor
 
 
 def _grouped_shape(ir: "Ir", name: str, data_shape: tuple[int, ...], grouping: Any,
@@ -146,8 +147,8 @@ def constant(data: Any, dtype: torch.dtype | None = None, name: str | None = Non
     attr = graph.ir.unique_name(set(graph.constants) | set(graph.ir.variable_records), _attr_name(name or "constant"))
     graph.constants[attr] = torch.from_numpy(array).to(torch_dtype)
     node = graph.fx.get_attr(attr)
-    _record_leaf(node, array.shape, torch_dtype, name or attr, "constant")
-    return graph.wrap(node, Constant)  # type: ignore[return-value]
+    _record_leaf(node, array.shape, torch_dtype, name or attr, Role.CONSTANT)
+    return graph.wrap(node, Constant)
 
 
 # -- helpers ----------------------------------------------------------------------------
@@ -250,11 +251,11 @@ def _host_array(data: Any, dtype: Any, downcast: bool, subject: str) -> tuple[np
     return np.array(array, dtype=to_numpy_dtype(target), copy=True), target
 
 
-def _record_leaf(node, shape: tuple[int, ...], dtype: torch.dtype, name: str, role: str) -> None:
+def _record_leaf(node: fx.Node, shape: tuple[int, ...], dtype: torch.dtype, name: str, role: str) -> None:
     node.meta["val"] = torch.empty(shape, dtype=dtype, device="meta")
-    node.meta["ipuxl_name"] = name
-    node.meta["ipuxl_role"] = role
-    node.meta["ipuxl_source"] = context.user_source_line()
+    node.meta[NAME] = name
+    node.meta[ROLE] = role
+    node.meta[SOURCE] = context.user_source_line()
 
 
 def _attr_name(name: str) -> str:

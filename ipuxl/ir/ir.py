@@ -9,11 +9,13 @@ import numpy as np
 
 from ipuxl.errors import InvalidArgumentError
 from ipuxl.ir.graph import Graph, identifier
+from ipuxl.ir.graph_builder import build_graph
 from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream, Stream
 from ipuxl.ir.tensor import Variable
+from ipuxl.ir.world import world
 
-__all__ = ["Ir"]
+__all__ = ["Ir", "VariableRecord"]
 
 
 @dataclass
@@ -31,6 +33,7 @@ class VariableRecord:
     retrieval_mode: str = "one_per_group"
 
     def replica_grouping(self, replication_factor: int) -> ReplicaGrouping:
+        """The variable's grouping, or one group of all ``replication_factor`` replicas."""
         return self.grouping or ReplicaGrouping(replication_factor)
 
 
@@ -97,8 +100,6 @@ class Ir:
     @property
     def instance_replication_factor(self) -> int:
         """Replicas run by this process (all of them unless launched with torchrun)."""
-        from ipuxl.device.replicas import world
-
         size, _ = world()
         return self.replication_factor // size if self.replication_factor % size == 0 else self.replication_factor
 
@@ -111,14 +112,14 @@ class Ir:
         ``ipuxl.graph_input`` adds further inputs. ``fn``'s return value(s) become
         the graph's outputs.
         """
-        from ipuxl.ir.graph_builder import build_graph
-
         return build_graph(self, fn, args, kwargs)
 
     def next_op_id(self) -> int:
+        """A fresh op id (ops are numbered across the IR)."""
         return next(self._op_ids)
 
     def create_empty_graph(self, name: str | None = None) -> Graph:
+        """A new subgraph without inputs or ops (PopXL's ``create_empty_graph``)."""
         return self.new_subgraph(name or "graph")
 
     def new_subgraph(self, name: str) -> Graph:
@@ -139,11 +140,21 @@ class Ir:
     def variables(self) -> list[Variable]:
         return [record.tensor for record in self.variable_records.values()]
 
+    def record_variable(self, attr: str, tensor: Variable, data: np.ndarray, grouping: ReplicaGrouping | None,
+                        retrieval_mode: str) -> VariableRecord:
+        """Register variable ``tensor`` of the main graph (``get_attr`` target ``attr``) and its
+        initial host data (see ``VariableRecord``)."""
+        record = VariableRecord(tensor, data, grouping, retrieval_mode)
+        self.variable_records[attr] = record
+        return record
+
     def unique_stream_name(self, name: str) -> str:
+        """``name``, suffixed if a stream of this IR already has it."""
         return self.unique_name({s.name for s in self.streams}, name, add=False)
 
     @staticmethod
     def unique_name(taken: set[str], name: str, add: bool = True) -> str:
+        """``name``, or ``name_k`` with the smallest k making it not in ``taken`` (added to it if ``add``)."""
         candidate, i = name, 1
         while candidate in taken:
             candidate = f"{name}_{i}"

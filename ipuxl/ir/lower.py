@@ -19,13 +19,15 @@ Used by the device to compile each graph once and by passes that trace a graph
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import torch
 import torch.fx as fx
 
-from ipuxl.ir.calls import CallTarget, RepeatTarget, run_repeat
+from ipuxl.ir.aliases import is_view, storage_owner, writes, written_nodes
+from ipuxl.ir.calls import RepeatTarget, callee_of, is_call, is_repeat, repeat_count, run_repeat
 from ipuxl.ir.graph import identifier
+from ipuxl.ir.meta import BY_REF_ARGS
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
@@ -85,7 +87,7 @@ def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[
     nothing writes that storage while the output is still read.
     """
     written_views = _views_to_copy(graph)
-    writes = _write_positions(graph)
+    write_positions = _write_positions(graph)
     inlined: dict[fx.Node, list[fx.Node]] = {}
     for node in graph.fx.nodes:
         if node in env:  # an input bound by the caller of an inlined graph
@@ -100,13 +102,13 @@ def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[
             env[node] = inlined[node.args[0]][node.args[1]]
             continue
         elif _inlinable(node, inline):
-            callee = node.target.graph
-            bound = dict(zip((t.node for t in callee.inputs), _call_args(new, node, env)))
-            inlined[node] = _copy_graph(new, root, callee, bound, dict(callee.constants), callee_fn, inline,
-                                        prefix=f"{prefix}{identifier(callee.name)}__",
-                                        shared_outputs=_unwritten_outputs(graph, node, writes, written_views))
+            called = callee_of(node)
+            bound = dict(zip((t.node for t in called.inputs), _call_args(new, node, env)))
+            shared = _unwritten_outputs(graph, node, write_positions, written_views)
+            inlined[node] = _copy_graph(new, root, called, bound, dict(called.constants), callee_fn, inline,
+                                        prefix=f"{prefix}{identifier(called.name)}__", shared_outputs=shared)
             continue
-        elif isinstance(node.target, CallTarget):
+        elif is_call(node):
             env[node] = _lower_call(new, node, env, callee_fn)
         else:
             env[node] = new.node_copy(node, lambda n: env[n])
@@ -115,28 +117,27 @@ def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[
     outputs = []
     for i, t in enumerate(graph.outputs):
         value = env[t.node]
-        if i not in shared_outputs and _storage_root(t.node, written_views).op in ("placeholder", "get_attr"):
+        if i not in shared_outputs and storage_owner(t.node, copied=written_views).op in ("placeholder", "get_attr"):
             value = new.call_function(torch.clone, (value,))
         outputs.append(value)
     return outputs
 
 
 def _inlinable(node: fx.Node, inline: Callable[["Graph"], bool] | None) -> bool:
-    target = node.target
-    return (inline is not None and isinstance(target, CallTarget) and not isinstance(target, RepeatTarget)
-            and inline(target.graph))
+    """True for a plain call (not a repeat) of a graph the caller asks to inline."""
+    return inline is not None and is_call(node) and not is_repeat(node) and inline(callee_of(node))
 
 
 def _write_positions(graph: "Graph") -> dict[fx.Node, list[int]]:
     """Program positions of the in-place writes to each written storage root."""
-    writes: dict[fx.Node, list[int]] = {}
+    positions: dict[fx.Node, list[int]] = {}
     for i, node in enumerate(graph.fx.nodes):
-        for written in node.meta.get("ipuxl_writes", ()):
-            writes.setdefault(written, []).append(i)
-    return writes
+        for written in writes(node):
+            positions.setdefault(written, []).append(i)
+    return positions
 
 
-def _unwritten_outputs(graph: "Graph", call: fx.Node, writes: dict[fx.Node, list[int]],
+def _unwritten_outputs(graph: "Graph", call: fx.Node, write_positions: dict[fx.Node, list[int]],
                        copied: set[fx.Node]) -> frozenset[int]:
     """Outputs of an inlined ``call`` that may stay aliases of its inputs' storage.
 
@@ -147,19 +148,19 @@ def _unwritten_outputs(graph: "Graph", call: fx.Node, writes: dict[fx.Node, list
     """
     order = {node: i for i, node in enumerate(graph.fx.nodes)}
     returned = {t.node for t in graph.outputs}
-    roots = {_storage_root(a, copied) for a in call.all_input_nodes}
+    roots = {storage_owner(a, copied=copied) for a in call.all_input_nodes}
     start = order[call]
     # the first write to any input's storage after the call (one pass, however many outputs)
-    first_write = min((w for r in roots for w in writes.get(r, ()) if w > start), default=None)
+    first_write = min((w for r in roots for w in write_positions.get(r, ()) if w > start), default=None)
     safe = set()
     for user in call.users:
-        if user.target is not operator.getitem or user in returned or user in writes:
+        if user.target is not operator.getitem or user in returned or user in write_positions:
             continue
-        if any("ipuxl_view_of" in u.meta or u.target is operator.getitem for u in user.users):
+        if any(is_view(u) or u.target is operator.getitem for u in user.users):
             continue
         last_use = max((order[u] for u in user.users), default=order[user])
         if first_write is None or first_write > last_use:
-            safe.add(user.args[1])
+            safe.add(cast(int, user.args[1]))
     return frozenset(safe)
 
 
@@ -171,47 +172,37 @@ def _views_to_copy(graph: "Graph") -> set[fx.Node]:
     its source is written after the view is made and before its last use.
     """
     order = {node: i for i, node in enumerate(graph.fx.nodes)}
-    writes = _write_positions(graph)
+    write_positions = _write_positions(graph)
     copied: set[fx.Node] = set()
     for node in graph.fx.nodes:
-        if "ipuxl_view_of" not in node.meta:
+        if not is_view(node):
             continue
-        root = _storage_root(node, copied)
+        root = storage_owner(node, copied=copied)
         last_use = max((order[user] for user in node.users), default=-1)
-        if node in writes or any(order[node] < w <= last_use for w in writes.get(root, ())):
+        if node in write_positions or any(order[node] < w <= last_use for w in write_positions.get(root, ())):
             copied.add(node)
     return copied
 
 
-def _storage_root(node: fx.Node, copied: set[fx.Node]) -> fx.Node:
-    """The node owning ``node``'s storage, following in-place results and views."""
-    while node not in copied:
-        parent = node.meta.get("ipuxl_modifies", node.meta.get("ipuxl_view_of"))
-        if parent is None:
-            break
-        node = parent
-    return node
-
-
 def _call_args(new: fx.Graph, node: fx.Node, env: dict) -> list[fx.Node]:
     """A call's arguments, copying inputs the callee modifies unless passed by reference."""
-    callee = node.target.graph
+    called = callee_of(node)
     args = [env[a] for a in node.args]
-    by_ref = node.meta.get("ipuxl_by_ref_args", set())
-    written = {w for n in callee.fx.nodes for w in n.meta.get("ipuxl_writes", ())}
-    for i, placeholder in enumerate(callee.inputs):
+    by_ref = node.meta.get(BY_REF_ARGS, set())
+    written = written_nodes(called)
+    for i, placeholder in enumerate(called.inputs):
         if i not in by_ref and placeholder.node in written:
             args[i] = new.call_function(torch.clone, (args[i],))
     return args
 
 
 def _lower_call(new: fx.Graph, node: fx.Node, env: dict, callee_fn: CalleeFn) -> fx.Node:
-    target: CallTarget = node.target  # type: ignore[assignment]
-    callee = target.graph
+    called = callee_of(node)
     args = _call_args(new, node, env)
-    fn = callee_fn(callee)
-    if isinstance(target, RepeatTarget):
-        fn = _named(_repeat_fn(fn, target.count, len(callee.outputs)), target.__name__)
+    fn = callee_fn(called)
+    if is_repeat(node):
+        name = cast(RepeatTarget, node.target).__name__
+        fn = _named(_repeat_fn(fn, repeat_count(node), len(called.outputs)), name)
     lowered = new.call_function(fn, tuple(args))
     lowered.meta.update(node.meta)
     return lowered

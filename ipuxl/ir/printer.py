@@ -12,12 +12,14 @@ with a name in ``named`` print as ``name=%k``. Ops get PopART's type names and i
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+import operator
+from typing import TYPE_CHECKING, Any, Mapping, cast
 
 import torch
 import torch.fx as fx
 
 from ipuxl.dtypes import dtype_name
+from ipuxl.ir.meta import CALLED_GRAPH, OP, OP_ID, ROLE, STREAM, Role
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
@@ -57,11 +59,11 @@ def format_schedule(graph: "Graph", named: Mapping["Tensor", str] | None = None)
     lines = [f"Graph : {graph.name}", ""]
     op_id = 100
     for node in graph.fx.nodes:
-        if node.op in ("placeholder", "get_attr") and node.meta.get("ipuxl_role") != "h2d":
+        if node.op in ("placeholder", "get_attr") and node.meta.get(ROLE) != Role.H2D:
             continue
-        if node.meta.get("ipuxl_op") == "output_of" or (node.op == "call_function" and _is_item(node)):
+        if node.meta.get(OP) == "output_of" or (node.op == "call_function" and _is_item(node)):
             continue
-        lines.append(f"    {_op_line(node, node.meta.get('ipuxl_op_id', op_id), ids)}")
+        lines.append(f"    {_op_line(node, node.meta.get(OP_ID, op_id), ids)}")
         op_id += 1
     outs = ", ".join(_ref(t.node, ids) for t in graph.outputs)
     lines[1] = f"  ({ins}) -> ({outs}) {{"
@@ -81,23 +83,22 @@ def _ref(node: Any, ids: dict[Any, str]) -> str:
 
 
 def _op_line(node: fx.Node, op_id: int, ids: dict[fx.Node, str]) -> str:
-    stream = node.meta.get("ipuxl_stream")
     if node.op == "placeholder":  # a host_load
-        return f"HostLoad.{op_id}({stream.name}) () -> ({_typed(node, ids)})"
-    name = node.meta.get("ipuxl_op") or _target_name(node.target)
+        return f"HostLoad.{op_id}({node.meta[STREAM].name}) () -> ({_typed(node, ids)})"
+    name = node.meta.get(OP) or _target_name(node.target)
     op_type = _OP_TYPES.get(name, _pascal(name))
-    called = node.meta.get("ipuxl_called_graph")
+    called = node.meta.get(CALLED_GRAPH)  # read from meta: ir.calls imports ir.graph, which imports this module
     if called is not None:
         op_type = f"{op_type}.{op_id}({called.name})"
     elif name == "host_store":
-        op_type = f"HostStore.{op_id}({node.args[0].meta['ipuxl_stream'].name})"
+        op_type = f"HostStore.{op_id}({cast(fx.Node, node.args[0]).meta[STREAM].name})"
     else:
         op_type = f"{op_type}.{op_id}"
-    inputs = [a for a in _flat_args(node) if a.meta.get("ipuxl_role") != "d2h"]
+    inputs = [a for a in _flat_args(node) if a.meta.get(ROLE) != Role.D2H]
     if name == "host_store":
         return f"{op_type} ({', '.join(_typed(a, ids) for a in inputs)}) -> ()"
     typed_inputs = ", ".join(_typed(a, ids) for a in inputs)
-    items = {u.args[1]: u for u in node.users if _is_item(u)}
+    items = {cast(int, u.args[1]): u for u in node.users if _is_item(u)}
     if called is not None:  # every output of the call, used or not
         outputs = [_typed(items.get(i, (node, i)), ids, out.node.meta.get("val"))
                    for i, out in enumerate(called.outputs)]
@@ -115,8 +116,6 @@ def _typed(node: Any, ids: dict[Any, str], val: Any = None) -> str:
 
 
 def _is_item(node: fx.Node) -> bool:
-    import operator
-
     return node.target is operator.getitem and isinstance(node.args[0], fx.Node)
 
 

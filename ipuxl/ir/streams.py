@@ -1,7 +1,7 @@
 """Host streams: the named channels between the host and the device program."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Sequence, TypeVar
 
 import torch
 
@@ -12,11 +12,11 @@ from ipuxl.ir.tensor import TensorSpec
 if TYPE_CHECKING:
     from ipuxl.ir.ir import Ir
 
-__all__ = ["HostToDeviceStream", "DeviceToHostStream", "h2d_stream", "d2h_stream"]
+__all__ = ["Stream", "HostToDeviceStream", "DeviceToHostStream", "h2d_stream", "d2h_stream"]
 
 
 class Stream:
-    direction = ""
+    """A named host stream of one IR, carrying tensors of one shape and dtype."""
 
     def __init__(self, ir: "Ir", spec: TensorSpec, name: str):
         self.ir, self.spec, self.name = ir, spec, name
@@ -45,7 +45,11 @@ class DeviceToHostStream(Stream):
     """Carries device tensors to the host (written by ``ops.host_store``)."""
 
 
-def _new_stream(cls, shape: Sequence[int], dtype: torch.dtype, name: str | None):
+S = TypeVar("S", bound=Stream)
+
+
+def _new_stream(cls: type[S], shape: Sequence[int], dtype: torch.dtype, name: str | None) -> S:
+    """A stream of class ``cls`` in the current graph's IR, named uniquely after ``name``."""
     ir = gcg().ir
     stream_name = ir.unique_stream_name(name or cls.__name__.lower())
     subject = f"{'h2d' if cls is HostToDeviceStream else 'd2h'}_stream '{stream_name}'"

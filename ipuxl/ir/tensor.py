@@ -14,11 +14,12 @@ import torch
 import torch.fx as fx
 
 from ipuxl.dtypes import dtype_name, from_any
+from ipuxl.ir.meta import NAME
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
 
-__all__ = ["Tensor", "TensorSpec", "Variable", "Constant", "TensorByRef"]
+__all__ = ["Tensor", "TensorSpec", "Variable", "Constant", "TensorByRef", "move_handle"]
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class Tensor:
 
     @property
     def name(self) -> str:
-        return self._node.meta.get("ipuxl_name", self._node.name)
+        return self._node.meta.get(NAME, self._node.name)
 
     @property
     def id(self) -> str:
@@ -236,7 +237,16 @@ class TensorByRef:
         self.value = value
 
 
-def _ops():
+def move_handle(tensor: Tensor, node: fx.Node) -> None:
+    """Make ``tensor`` stand for ``node`` of the same graph.
+
+    Only ``Graph`` calls this, when a pass replaces the node a handle stood for
+    (``Graph.replace_body``); everywhere else a handle's node never changes.
+    """
+    tensor._node = node
+
+
+def _ops() -> Any:
     # Tensor operators build ops; the ops package imports this module, so bind late.
     import ipuxl.ops as ops
 

@@ -14,13 +14,15 @@ from typing import Any, Iterable, Mapping
 import torch
 import torch.fx as fx
 
-from ipuxl.ir.build import _root, check_writable, emit
+from ipuxl.ir.aliases import storage_owner, written_nodes
+from ipuxl.ir.build import check_writable, emit
 from ipuxl.ir.graph_builder import constant
 from ipuxl.dtypes import dtype_name
 from ipuxl.errors import GraphContextError, InvalidArgumentError, ShapeMismatchError
 from ipuxl.ir import context
 from ipuxl.ir.graph import Graph, describe
 from ipuxl.ir.calls import CallTarget, RepeatTarget
+from ipuxl.ir.meta import BY_REF, BY_REF_ARGS, CALLED_GRAPH, NAME, OP, WRITES
 from ipuxl.ir.tensor import Tensor
 
 __all__ = ["CallSiteInfo", "call", "call_with_info", "repeat", "repeat_with_info"]
@@ -60,8 +62,8 @@ class CallSiteInfo:
                                            name=f"{self._node.name}_out{i}")
         out = self._graph.outputs[i]
         item.meta["val"] = _meta_copy(out.node.meta["val"])
-        item.meta["ipuxl_name"] = out.name
-        item.meta["ipuxl_op"] = "output_of"
+        item.meta[NAME] = out.name
+        item.meta[OP] = "output_of"
         return self._parent.wrap(item)
 
     def parent_input(self, idx: int) -> Tensor:
@@ -84,26 +86,28 @@ class CallSiteInfo:
 
     def parent_to_graph(self, parent_tensor: Tensor) -> Tensor:
         """The callee input that ``parent_tensor`` is connected to (first if several)."""
-        for i, t in enumerate(self._inputs):
-            if t is parent_tensor:
-                return self._graph.inputs[i]
-        raise InvalidArgumentError(
-            f"tensor '{parent_tensor.name}' is not a parent input of this call of '{self._graph.name}'",
-            fix="pass one of call_info.inputs")
+        return self._graph.inputs[self._parent_index(parent_tensor)]
 
     def set_parent_input_modified(self, parent_tensor: Tensor, infer_modified_regions: bool = True) -> None:
         """Pass ``parent_tensor`` by reference: the callee's in-place changes reach the parent."""
-        index = next((i for i, t in enumerate(self._inputs) if t is parent_tensor), None)
-        if index is None:
-            self.parent_to_graph(parent_tensor)  # raises with the message
+        index = self._parent_index(parent_tensor)
         check_writable(self._parent, f"call of {self._graph.name}", [parent_tensor])
         _mark_by_ref(self._node, index, parent_tensor)
 
+    def _parent_index(self, parent_tensor: Tensor) -> int:
+        """The position of ``parent_tensor`` among the call's inputs (the first if several)."""
+        index = next((i for i, t in enumerate(self._inputs) if t is parent_tensor), None)
+        if index is None:
+            raise InvalidArgumentError(
+                f"tensor '{parent_tensor.name}' is not a parent input of this call of '{self._graph.name}'",
+                fix="pass one of call_info.inputs")
+        return index
+
 
 def _mark_by_ref(node: fx.Node, index: int, parent_tensor: Tensor) -> None:
-    node.meta.setdefault("ipuxl_by_ref_args", set()).add(index)
-    writes = node.meta.setdefault("ipuxl_writes", [])
-    root = _root(parent_tensor.node)
+    node.meta.setdefault(BY_REF_ARGS, set()).add(index)
+    writes = node.meta.setdefault(WRITES, [])
+    root = storage_owner(parent_tensor.node, views=False)
     if root not in writes:
         writes.append(root)
 
@@ -161,11 +165,11 @@ def _emit_call(op_name: str, target: CallTarget, parent: Graph, graph: Graph,
     handle = emit(op_name, target, connected, name=f"{op_name}_{graph.name}",
                   meta_fn=lambda *a: tuple(_meta_copy(o.node.meta["val"]) for o in graph.outputs))
     node = handle.node
-    node.meta["ipuxl_called_graph"] = graph
+    node.meta[CALLED_GRAPH] = graph
     info = CallSiteInfo(node, graph, parent, connected)
-    written = {w for n in graph.fx.nodes for w in n.meta.get("ipuxl_writes", ())}
+    written = written_nodes(graph)
     for i, t in enumerate(graph.inputs):
-        if t.node.meta.get("ipuxl_by_ref"):
+        if t.node.meta.get(BY_REF):
             if t.node in written:  # the callee's write reaches the caller's tensor: never a constant
                 check_writable(parent, f"{op_name} of {graph.name}", [connected[i]])
             _mark_by_ref(node, i, connected[i])

@@ -4,7 +4,8 @@ Each op combines one tensor from every replica of a group (default: all replicas
 of the ``Ir``). ``op`` is one of ``add``, ``mean``, ``mul``, ``min``, ``max``,
 ``and``, ``or``, ``square_add``. With ``Ir(replication=1)`` they act on the one
 replica (an all-reduce returns a copy). The session runs them exactly, in replica
-order (see ``ipuxl.device.replicas``).
+order (the kernels are in ``ipuxl.kernels.collectives``; the device runs the replicas,
+see ``ipuxl.device.replicas``).
 """
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from typing import Literal
 import torch
 
 from ipuxl.ir.build import emit
-from ipuxl.device import replicas as rt
 from ipuxl.errors import InvalidArgumentError, ReplicationError
 from ipuxl.ir import context
 from ipuxl.ir.graph import describe
+from ipuxl.ir.meta import META_SHAPE
 from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.ir.tensor import Tensor
+from ipuxl.kernels import collectives as kernels
 
 __all__ = ["replicated_all_reduce", "replicated_all_reduce_", "replicated_reduce_scatter",
            "replicated_all_gather", "CollectiveOps"]
@@ -30,9 +32,9 @@ def _check(op_name: str, t: Tensor, op: str | None, group: ReplicaGrouping | Non
     if not isinstance(t, Tensor):
         raise InvalidArgumentError(f"{op_name} needs a Tensor, got {describe(t)}", where=context.user_source_line(),
                                    fix="pass a tensor of the current graph")
-    if op is not None and op not in rt.REDUCTIONS:
+    if op is not None and op not in kernels.REDUCTIONS:
         raise InvalidArgumentError(f"{op_name}: unknown reduction op {op!r}", where=context.user_source_line(),
-                                   fix=f"use one of {sorted(rt.REDUCTIONS)}")
+                                   fix=f"use one of {sorted(kernels.REDUCTIONS)}")
     ir = context.gcg().ir
     if group is None:
         return ir.replica_grouping()
@@ -52,14 +54,14 @@ def _check(op_name: str, t: Tensor, op: str | None, group: ReplicaGrouping | Non
 def replicated_all_reduce(t: Tensor, op: CollectiveOps = "add", group: ReplicaGrouping | None = None) -> Tensor:
     """Reduce ``t`` over the replicas of each group; every member gets the result."""
     g = _check("replicated_all_reduce", t, op, group)
-    return emit("replicated_all_reduce", rt.all_reduce, (t, op, g.stride, g.group_size),
+    return emit("replicated_all_reduce", kernels.all_reduce, (t, op, g.stride, g.group_size),
                 meta_fn=lambda x, *_: torch.empty_like(x), name=f"{t.name}_all_reduced")
 
 
 def replicated_all_reduce_(t: Tensor, op: CollectiveOps = "add", group: ReplicaGrouping | None = None) -> Tensor:
     """In-place ``replicated_all_reduce``: writes the result into ``t`` and returns it."""
     g = _check("replicated_all_reduce_", t, op, group)
-    return emit("replicated_all_reduce_", rt.all_reduce_, (t, op, g.stride, g.group_size),
+    return emit("replicated_all_reduce_", kernels.all_reduce_, (t, op, g.stride, g.group_size),
                 meta_fn=lambda x, *_: x, modifies=t, name=f"{t.name}_all_reduced")
 
 
@@ -73,11 +75,11 @@ def replicated_reduce_scatter(t: Tensor, op: CollectiveOps = "add", group: Repli
     """
     g = _check("replicated_reduce_scatter", t, op, group)
     shard = -(-t.nelms // g.group_size)
-    out = emit("replicated_reduce_scatter", rt.reduce_scatter, (t, op, g.stride, g.group_size),
+    out = emit("replicated_reduce_scatter", kernels.reduce_scatter, (t, op, g.stride, g.group_size),
                meta_fn=lambda x, *_: torch.empty((shard,), dtype=x.dtype, device="meta"),
                name=f"{t.name}_reduce_scattered")
     if configure_output_for_replicated_tensor_sharding:
-        out.node.meta["ipuxl_meta_shape"] = tuple(t.shape)
+        out.node.meta[META_SHAPE] = tuple(t.shape)
     return out
 
 
@@ -90,7 +92,7 @@ def replicated_all_gather(t: Tensor, axis: int = 0, group: ReplicaGrouping | Non
     sharding reduce-scatter; ``auto`` is ``meta_shape`` when ``t`` has one, else ``concat``.
     """
     g = _check("replicated_all_gather", t, None, group)
-    meta_shape = tuple(t.node.meta.get("ipuxl_meta_shape", ()))
+    meta_shape = tuple(t.node.meta.get(META_SHAPE, ()))
     mode = output_shape if output_shape != "auto" else ("meta_shape" if meta_shape else "concat")
     if mode not in ("new_axis", "concat", "meta_shape"):
         raise InvalidArgumentError(f"replicated_all_gather: unknown output_shape {output_shape!r}",
@@ -115,5 +117,5 @@ def replicated_all_gather(t: Tensor, axis: int = 0, group: ReplicaGrouping | Non
             return torch.empty((g.group_size,), dtype=x.dtype, device="meta")
         return torch.cat([x] * g.group_size, dim=axis)
 
-    return emit("replicated_all_gather", rt.all_gather, (t, axis, mode, g.stride, g.group_size, meta_shape),
+    return emit("replicated_all_gather", kernels.all_gather, (t, axis, mode, g.stride, g.group_size, meta_shape),
                 meta_fn=meta, name=f"{t.name}_all_gathered")

@@ -15,13 +15,14 @@ from ipuxl.dtypes import dtype_name
 from ipuxl.errors import GraphContextError, InvalidArgumentError, ShapeMismatchError
 from ipuxl.ir import context
 from ipuxl.ir.graph import Graph, describe
-from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream
+from ipuxl.ir.meta import OP, OP_ID, ROLE, STREAM, Role
+from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream, Stream
 from ipuxl.ir.tensor import Tensor
 
 __all__ = ["host_load", "host_store"]
 
 
-def _main_graph_only(op_name: str, stream: Any, kind: type) -> Graph:
+def _main_graph_only(op_name: str, stream: Any, kind: type[Stream]) -> Graph:
     """The current graph, checked to be the main graph of ``stream``'s IR."""
     graph = context.gcg()
     if not isinstance(stream, kind):
@@ -43,21 +44,22 @@ def _main_graph_only(op_name: str, stream: Any, kind: type) -> Graph:
     return graph
 
 
-def _streams_in(graph, role: str) -> list:
-    return [n.meta["ipuxl_stream"] for n in graph.fx.nodes if n.meta.get("ipuxl_role") == role]
+def _streams_in(graph: Graph, role: str) -> list[Stream]:
+    """The streams whose slots (``role``: ``Role.H2D`` or ``Role.D2H``) ``graph`` has."""
+    return [n.meta[STREAM] for n in graph.fx.nodes if n.meta.get(ROLE) == role]
 
 
 def host_load(h2d_stream: HostToDeviceStream, name: str | None = None) -> Tensor:
     """Read the next value of ``h2d_stream`` into the program."""
     graph = _main_graph_only("host_load", h2d_stream, HostToDeviceStream)
-    if h2d_stream in _streams_in(graph, "h2d"):
+    if h2d_stream in _streams_in(graph, Role.H2D):
         raise GraphContextError(f"stream '{h2d_stream.name}' is loaded twice in one program",
                                 where=context.user_source_line(),
                                 fix="load it once and reuse the tensor")
-    tensor = graph.add_input(h2d_stream.spec, name or h2d_stream.name, role="h2d")
-    tensor.node.meta["ipuxl_stream"] = h2d_stream
-    tensor.node.meta["ipuxl_op"] = "host_load"
-    tensor.node.meta["ipuxl_op_id"] = graph.ir.next_op_id()
+    tensor = graph.add_input(h2d_stream.spec, name or h2d_stream.name, role=Role.H2D)
+    tensor.node.meta[STREAM] = h2d_stream
+    tensor.node.meta[OP] = "host_load"
+    tensor.node.meta[OP_ID] = graph.ir.next_op_id()
     return tensor
 
 
@@ -75,9 +77,9 @@ def host_store(d2h_stream: DeviceToHostStream, t: Tensor) -> None:
             f"{dtype_name(d2h_stream.dtype)}, got tensor {describe(t)}",
             where=context.user_source_line(),
             fix="create the stream with the tensor's spec: ipuxl.d2h_stream(t.shape, t.dtype)")
-    if d2h_stream in _streams_in(graph, "d2h"):
+    if d2h_stream in _streams_in(graph, Role.D2H):
         raise GraphContextError(f"stream '{d2h_stream.name}' is stored twice in one program",
                                 where=context.user_source_line(), fix="use one d2h stream per stored tensor")
-    slot = graph.add_input(d2h_stream.spec, f"{d2h_stream.name}_slot", role="d2h")
-    slot.node.meta["ipuxl_stream"] = d2h_stream
+    slot = graph.add_input(d2h_stream.spec, f"{d2h_stream.name}_slot", role=Role.D2H)
+    slot.node.meta[STREAM] = d2h_stream
     emit("host_store", torch.Tensor.copy_, (slot, t), modifies=slot, name=f"store_{d2h_stream.name}")

@@ -10,6 +10,7 @@ from ipuxl.ir.build import emit
 from ipuxl.errors import InvalidArgumentError
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.tensor import Tensor
+from ipuxl.ops.shape import cast
 
 __all__ = [
     "matmul", "softmax", "log_softmax", "nll_loss", "nll_loss_with_softmax_grad",
@@ -24,8 +25,6 @@ def matmul(lhs: Tensor, rhs: Tensor, available_memory_proportion: float | None =
     """``numpy.matmul`` semantics. The IPU-specific tuning arguments are accepted and ignored."""
     out = emit("matmul", torch.matmul, (lhs, rhs))
     if output_type is not None and output_type != out.dtype:
-        from ipuxl.ops.shape import cast
-
         out = cast(out, output_type)
     return out
 
@@ -73,7 +72,7 @@ def nll_loss(probs: Tensor, labels: Tensor, ignore_index: int | None = None,
     return emit("nll_loss", _nll, (probs, labels, ignore_index, reduction, log_prob), name="loss")
 
 
-def _nll_softmax_grad(probs: torch.Tensor, labels: torch.Tensor, loss_grad: object,
+def _nll_softmax_grad(probs: torch.Tensor, labels: torch.Tensor, loss_grad: torch.Tensor | float,
                       ignore_index: int | None, reduction: str) -> tuple[torch.Tensor, torch.Tensor]:
     loss = _nll(probs, labels, ignore_index, reduction, False)
     classes = probs.shape[-1]

@@ -12,6 +12,7 @@ from ipuxl.dtypes import from_any
 from ipuxl.errors import InvalidArgumentError, ShapeMismatchError
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.tensor import Tensor
+from ipuxl.ops.elementwise import where
 
 __all__ = [
     "reshape", "flatten", "transpose", "concat", "split", "slice", "squeeze", "unsqueeze",
@@ -151,8 +152,6 @@ def getitem(t: Tensor, key: Any) -> Tensor:
     """PopXL's ``Tensor.__getitem__``: ints/slices slice, int tensors gather, bool tensors mask."""
     if isinstance(key, Tensor):
         if key.dtype == torch.bool:
-            from ipuxl.ops.elementwise import where
-
             return where(key, t, 0)
         return gather(t, key)
     keys = key if isinstance(key, tuple) else (key,)

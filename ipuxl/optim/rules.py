@@ -34,11 +34,14 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
+import torch.fx as fx
 
-from ipuxl.ir.graph_builder import constant
 from ipuxl.dtypes import dtype_name, from_any, to_numpy_dtype
 from ipuxl.errors import InvalidArgumentError
+from ipuxl.ir.aliases import storage_owner, writes
 from ipuxl.ir.context import in_sequence, user_source_line
+from ipuxl.ir.graph_builder import constant
+from ipuxl.ir.meta import NEGATED
 from ipuxl.ir.tensor import Tensor
 from ipuxl.ops import var_updates
 from ipuxl.ops.elementwise import add_, equal, maximum, scaled_add, scaled_add_, sqrt, where
@@ -89,6 +92,9 @@ def sgd_(weight: Tensor, grad: Tensor, *, lr: Hyper, momentum: Hyper = 0.0, damp
     dtype = _compute_dtype(weight, grad)
     d_p = grad if _is_zero(weight_decay) else scaled_add(grad, weight, 1.0, weight_decay)
     if use_momentum:
+        assert momentum_buffer is not None  # _require checked it
+        a: Hyper
+        b: Hyper
         if step is not None:
             first = equal(step, 0.0)
             scalar = torch.promote_types(dtype, torch.float32)
@@ -147,6 +153,7 @@ def adam_(weight: Tensor, grad: Tensor, first_order: Tensor, second_order: Tenso
     m = _moving_average_(first_order, g, beta1, dtype)
     v = _moving_average_square_(second_order, g, beta2, dtype)
     if amsgrad:
+        assert max_second_order is not None  # _require checked it
         v = _store(max_second_order, maximum(_as(max_second_order, dtype), _as(v, dtype)))
     if bias_correction:
         update = var_updates.adam_updater(_as(m, dtype), v, weight, step, None, beta1, beta2, eps)
@@ -222,10 +229,12 @@ def rmsprop_(weight: Tensor, grad: Tensor, square_avg: Tensor, *, lr: Hyper, alp
     g = grad if _is_zero(weight_decay) else scaled_add(grad, weight, 1.0, weight_decay)
     s = _as(_moving_average_square_(square_avg, g, alpha, dtype), dtype)
     if centered:
+        assert grad_avg is not None  # _require checked it
         a = _as(_moving_average_(grad_avg, g, alpha, dtype), dtype)
         s = s - a * a
     direction = g / (sqrt(s) + eps)
     if use_momentum:
+        assert momentum_buffer is not None  # _require checked it
         direction = _as(_axpby_(momentum_buffer, direction, momentum, 1.0, dtype), dtype)
     scaled_add_(weight, direction, b=_negated(lr))
 
@@ -372,40 +381,32 @@ def _negated(value: Hyper) -> Hyper:
     instead of one per weight, as long as no op in between writes the tensor."""
     if not isinstance(value, Tensor):
         return -value
-    cached = value.node.meta.get("ipuxl_negated")
+    cached = value.node.meta.get(NEGATED)
     if cached is not None:
         negated, checked = cached
+        # fx marks an erased node only with its private ``_erased`` flag (a later pass may erase these)
         if (negated.graph is value.node.graph and not getattr(negated, "_erased", False)
                 and not getattr(checked, "_erased", False) and not _written_after(value.node, checked)):
-            value.node.meta["ipuxl_negated"] = (negated, _last_node(negated.graph))
+            value.node.meta[NEGATED] = (negated, _last_node(negated.graph))
             return value.graph.wrap(negated)
     result = -value
-    value.node.meta["ipuxl_negated"] = (result.node, result.node)
+    value.node.meta[NEGATED] = (result.node, result.node)
     return result
 
 
-def _last_node(graph: Any) -> Any:
+def _last_node(graph: fx.Graph) -> fx.Node:
     return next(iter(reversed(graph.nodes)))
 
 
-def _written_after(source: Any, start: Any) -> bool:
+def _written_after(source: fx.Node, start: fx.Node) -> bool:
     """True when an op after fx node ``start`` writes ``source``'s storage (or a view of it)."""
-    root = _storage_root(source)
+    root = storage_owner(source)
     node = start.next
     while node.op != "root":  # the fx graph's sentinel closes the list
-        if any(_storage_root(w) is root for w in node.meta.get("ipuxl_writes", ())):
+        if any(storage_owner(w) is root for w in writes(node)):
             return True
         node = node.next
     return False
-
-
-def _storage_root(node: Any) -> Any:
-    """The node owning the storage ``node`` aliases (through in-place ops and views)."""
-    while True:
-        nxt = node.meta.get("ipuxl_modifies", node.meta.get("ipuxl_view_of"))
-        if nxt is None:
-            return node
-        node = nxt
 
 
 def _as(t: Tensor, dtype: torch.dtype) -> Tensor:

@@ -1,6 +1,7 @@
 """Automatic differentiation of an IR graph with PyTorch's own machinery.
 
-Preconditions: ``graph`` is a subgraph (not the main graph) without host transfers.
+Preconditions: ``graph`` is a subgraph (not the main graph) without host transfers
+or collectives.
 
 Algorithm:
 
@@ -11,11 +12,14 @@ Algorithm:
    functorch's ``default_partition`` splits there instead of recomputing the
    forward in the backward (see the DESIGN note on ``partitioner_tag``).
 3. Partition into forward-with-saved-activations and backward graphs.
-4. Rewrite the forward IR graph with the partitioned forward: its inputs and
-   existing outputs keep their positions; activations the backward needs become
-   new outputs (unless they already are inputs or outputs), as in PopXL.
+4. Rewrite the forward IR graph with the partitioned forward
+   (``Graph.replace_body``): its inputs and existing outputs keep their positions
+   and handles; activations the backward needs become new outputs (unless they
+   already are inputs or outputs), as in PopXL.
 5. Build the grad IR graph: inputs are the gradients of ``grads_provided`` (in
    order) then the activations; outputs are the gradients of ``grads_required``.
+
+The result is a ``GradGraphInfo``, also stored on the forward graph (``Graph.grad_info``).
 
 Called graphs stay called. Each graph that ``graph`` calls (``ops.call``) is
 differentiated once, recursively and in place as PopXL does (it gains outputs for
@@ -39,7 +43,7 @@ without a floating-point input and output.
 from __future__ import annotations
 
 import operator
-from typing import Any, NoReturn, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, NoReturn, Sequence, cast, overload
 
 import torch
 import torch.fx as fx
@@ -48,35 +52,118 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from ipuxl.dtypes import dtype_name
 from ipuxl.errors import AutodiffError
+from ipuxl.ir.aliases import writes, written_nodes
+from ipuxl.ir.build import emit
 from ipuxl.ir.call_op import CallEntry
+from ipuxl.ir.calls import call_nodes, callee, is_repeat, reachable_from
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.fx_import import copy_fx_body
+from ipuxl.ir.grad_info import ExpectedConnectionType, GradGraphInfo
 from ipuxl.ir.graph import Graph
-from ipuxl.ir.calls import CallTarget, RepeatTarget
 from ipuxl.ir.lower import compiled_callee, graph_callable, lower_graph
+from ipuxl.ir.meta import BY_REF_ARGS, COLLECTIVE_OPS, MODIFIES, NAME, OP, ROLE, SOURCE, VIEW_OF, Role
 from ipuxl.ir.tensor import Tensor, TensorSpec
+from ipuxl.ops.call import CallSiteInfo, call, call_with_info
 
-__all__ = ["differentiate"]
+__all__ = ["autodiff", "differentiate"]
 
 FWD_TAG, BWD_TAG = "is_forward", "is_backward"
 
 
-def differentiate(graph: Graph, grads_provided: Sequence[Tensor] | None, grads_required: Sequence[Tensor] | None,
-                  *, check_paths: bool = True) -> tuple[Graph, list[tuple[Tensor, str]], list[Tensor]]:
-    """Differentiate ``graph`` (see the module docstring).
+# -- the transform (PopXL's transforms.autodiff) -----------------------------------------------
+@overload
+def autodiff(graph: Graph, grads_provided: Iterable[Tensor] | None = None,
+             grads_required: Iterable[Tensor] | None = None,
+             called_graphs_grad_info: Mapping[Graph, GradGraphInfo] | None = None,
+             return_all_grad_graphs: Literal[False] = False) -> GradGraphInfo: ...
+
+
+@overload
+def autodiff(graph: Graph, grads_provided: Iterable[Tensor] | None = None,
+             grads_required: Iterable[Tensor] | None = None,
+             called_graphs_grad_info: Mapping[Graph, GradGraphInfo] | None = None,
+             *, return_all_grad_graphs: Literal[True]) -> dict[Graph, GradGraphInfo]: ...
+
+
+def autodiff(graph: Graph, grads_provided: Iterable[Tensor] | None = None,
+             grads_required: Iterable[Tensor] | None = None,
+             called_graphs_grad_info: Mapping[Graph, GradGraphInfo] | None = None,
+             return_all_grad_graphs: bool = False) -> GradGraphInfo | dict[Graph, GradGraphInfo]:
+    """Differentiate ``graph`` (PopXL's ``transforms.autodiff``).
+
+    Args:
+        graph: the forward subgraph.
+        grads_provided: outputs whose gradients the caller provides (default: all
+            floating-point outputs).
+        grads_required: inputs whose gradients the grad graph returns (default: all
+            floating-point inputs).
+        called_graphs_grad_info: accepted for compatibility and not used: each graph
+            ``graph`` calls is differentiated once by this call, in place (it gains
+            outputs for its saved activations), and its calls stay calls in the
+            forward and grad graphs (see the module docstring); loop bodies and graphs
+            that modify their inputs are traced through instead.
+        return_all_grad_graphs: return ``{graph: info}`` for ``graph`` and every
+            called graph this call differentiated, instead of the info.
 
     Returns:
-        ``(grad_graph, expected_inputs, expected_outputs)`` where ``expected_inputs``
-        holds ``(forward tensor, "FwdGrad" | "Fwd")`` per grad-graph input and
-        ``expected_outputs`` the forward input of each grad-graph output.
+        A ``GradGraphInfo``. The forward graph gains outputs for the activations the
+        grad graph needs; the backward never recomputes the forward.
+
+    Raises:
+        AutodiffError: a requested gradient has no differentiable path, a tensor is
+            not an input/output of ``graph``, the graph contains a collective, or
+            there is nothing to differentiate: no floating-point output (of the graph,
+            or in ``grads_provided``) or, with the default ``grads_required``, no
+            floating-point input. Checked before anything is traced.
+    """
+    _refuse_collectives(graph)
+    provided = list(grads_provided) if grads_provided is not None else None
+    required = list(grads_required) if grads_required is not None else None
+    info = differentiate(graph, provided, required)
+    if not return_all_grad_graphs:
+        return info
+    return {graph: info, **_differentiated_callees(graph)}
+
+
+def _refuse_collectives(graph: Graph) -> None:
+    """Collectives have no gradient rule yet: say so instead of failing inside the trace."""
+    for g in reachable_from([graph]):
+        for node in g.fx.nodes:
+            if node.meta.get(OP) in COLLECTIVE_OPS:
+                raise AutodiffError(
+                    f"autodiff of graph '{g.name}': it contains {node.meta[OP]} ('{node.name}'), "
+                    "and differentiating through collectives is not supported",
+                    where=node.meta.get(SOURCE),
+                    fix="differentiate the per-replica computation, then all-reduce its gradients in the caller "
+                        "(ops.collectives.replicated_all_reduce_(grad, 'mean')), the usual data-parallel pattern")
+
+
+def _differentiated_callees(graph: Graph) -> dict[Graph, GradGraphInfo]:
+    """Graphs called (at any depth) from ``graph`` that autodiff differentiated in place."""
+    return {g: g.grad_info for g in reachable_from([graph])[1:] if g.grad_info is not None}
+
+
+# -- the pass ------------------------------------------------------------------------------------
+def differentiate(graph: Graph, grads_provided: Sequence[Tensor] | None, grads_required: Sequence[Tensor] | None,
+                  *, check_paths: bool = True) -> GradGraphInfo:
+    """Differentiate ``graph`` (see the module docstring); store and return its ``GradGraphInfo``.
+
+    ``check_paths``: refuse an explicitly required input without a differentiable
+    path to the provided outputs (off for the segments autodiff cuts itself).
     """
     provided, required = _select(graph, grads_provided, grads_required)
     callees = _CalledGraphs(graph)  # holds the call entries until the trace is imported
     explicit = grads_required is not None and check_paths
-    by_units = _differentiate_units(graph, provided, required, explicit, callees)
-    if by_units is not None:
-        graph._ipuxl_grad = by_units
-        return by_units
+    info = _differentiate_units(graph, provided, required, explicit, callees)
+    if info is None:
+        info = _differentiate_traced(graph, provided, required, explicit, callees)
+    graph.grad_info = info
+    return info
+
+
+def _differentiate_traced(graph: Graph, provided: list[Tensor], required: list[Tensor], explicit: bool,
+                          callees: "_CalledGraphs") -> GradGraphInfo:
+    """Steps 1-5 of the module docstring."""
     joint = _trace_joint(graph, provided, required, callees)
     n_fwd = len(graph.outputs)
     _check_paths(graph, joint, n_fwd, required, explicit)
@@ -84,24 +171,7 @@ def differentiate(graph: Graph, grads_provided: Sequence[Tensor] | None, grads_r
     fw, bw = default_partition(joint, None, num_fwd_outputs=n_fwd)
     saved = _rewrite_forward(graph, fw, n_fwd)
     grad_graph = _build_grad_graph(graph, bw, provided, saved, required)
-    expected_inputs = [(t, "FwdGrad") for t in provided] + [(t, "Fwd") for _, t in saved]
-    graph._ipuxl_grad = (grad_graph, expected_inputs, required)
-    return grad_graph, expected_inputs, required
-
-
-def differentiated_callees(graph: Graph) -> list[Graph]:
-    """Graphs called (at any depth) from ``graph`` that autodiff differentiated in place."""
-    found: list[Graph] = []
-    stack, seen = [graph], {graph}
-    while stack:
-        for node in stack.pop().fx.nodes:
-            callee = getattr(node.target, "graph", None) if isinstance(node.target, CallTarget) else None
-            if callee is not None and callee not in seen:
-                seen.add(callee)
-                stack.append(callee)
-                if getattr(callee, "_ipuxl_grad", None) is not None:
-                    found.append(callee)
-    return found
+    return GradGraphInfo.of(grad_graph, graph, provided, [t for _, t in saved], required)
 
 
 # -- step 0b: called graphs ------------------------------------------------------------------
@@ -118,61 +188,63 @@ class _CalledGraphs:
         return self._entries[callee]
 
     def _eligible(self, callee: Graph) -> bool:
-        if callee in self._loop_bodies or getattr(callee, "_ipuxl_grad", None) is not None:
+        if callee in self._loop_bodies or callee.grad_info is not None:
             return False
         if any(callee.is_input_modified(t) for t in callee.inputs):
             return False
-        if any(n.meta.get("ipuxl_role") in ("h2d", "d2h") for n in callee.fx.nodes):
+        if _has_host_transfers(callee):
             return False
         return (any(t.dtype.is_floating_point for t in callee.inputs)
                 and any(t.dtype.is_floating_point for t in callee.outputs))
 
     def _prepare(self, callee: Graph) -> CallEntry:
-        grad_graph, expected, required = differentiate(callee, None, None)
-        inputs = {id(t): i for i, t in enumerate(callee.inputs)}
-        outputs = {id(t): i for i, t in enumerate(callee.outputs)}
+        info = differentiate(callee, None, None)
+        grad_graph = info.graph
         grad_entry = CallEntry(grad_graph.name, [t.spec for t in grad_graph.outputs], graph=grad_graph,
                                run=_eager(grad_graph))
         self._entries[grad_graph] = grad_entry  # kept alive with the forward entry
+        return CallEntry(callee.name, [t.spec for t in callee.outputs], graph=callee,
+                         backward=_backward_rule(callee, info, grad_entry), run=_eager(callee))
 
-        def backward(args: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
-                     grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-            grad_args = []
-            for t, kind in expected:
-                if kind == "FwdGrad":
-                    g = grads[outputs[id(t)]]
-                    grad_args.append(torch.zeros(t.shape, dtype=t.dtype, device=args[0].device) if g is None else g)
-                else:
-                    grad_args.append(args[inputs[id(t)]] if id(t) in inputs else outs[outputs[id(t)]])
-            result: list[torch.Tensor | None] = [None] * len(args)
-            for t, g in zip(required, grad_entry(*grad_args)):
-                result[inputs[id(t)]] = g
-            return result
 
-        return CallEntry(callee.name, [t.spec for t in callee.outputs], graph=callee, backward=backward,
-                         run=_eager(callee))
+def _backward_rule(callee: Graph, info: GradGraphInfo, grad_entry: CallEntry) -> Callable[..., list]:
+    """The gradient rule of a call of ``callee``: call its grad graph (``info``)."""
+    inputs = {id(t): i for i, t in enumerate(callee.inputs)}
+    outputs = {id(t): i for i, t in enumerate(callee.outputs)}
+
+    def backward(args: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
+                 grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        grad_args = []
+        for c in info.expected_inputs:
+            t = c.fwd_tensor
+            if c.connection_type is ExpectedConnectionType.FwdGrad:
+                g = grads[outputs[id(t)]]
+                grad_args.append(torch.zeros(t.shape, dtype=t.dtype, device=args[0].device) if g is None else g)
+            else:
+                grad_args.append(args[inputs[id(t)]] if id(t) in inputs else outs[outputs[id(t)]])
+        result: list[torch.Tensor | None] = [None] * len(args)
+        for t, g in zip(info.outputs, grad_entry(*grad_args)):
+            result[inputs[id(t)]] = g
+        return result
+
+    return backward
 
 
 def _loop_bodies(graph: Graph) -> set[Graph]:
     """Graphs run by ``ops.repeat`` anywhere below ``graph`` (their outputs feed their inputs)."""
-    bodies: set[Graph] = set()
-    stack, seen = [graph], {graph}
-    while stack:
-        for node in stack.pop().fx.nodes:
-            if isinstance(node.target, CallTarget):
-                if isinstance(node.target, RepeatTarget):
-                    bodies.add(node.target.graph)
-                if node.target.graph not in seen:
-                    seen.add(node.target.graph)
-                    stack.append(node.target.graph)
-    return bodies
+    return {body for g in reachable_from([graph]) for n in call_nodes(g)
+            if is_repeat(n) and (body := callee(n)) is not None}
 
 
-def _eager(graph: Graph) -> Any:
+def _has_host_transfers(graph: Graph) -> bool:
+    return any(n.meta.get(ROLE) in Role.STREAMS for n in graph.fx.nodes)
+
+
+def _eager(graph: Graph) -> Callable[..., Any]:
     return lambda *args: graph_callable(graph)(*args)
 
 
-def _forward_callable(graph: Graph, callees: _CalledGraphs) -> Any:
+def _forward_callable(graph: Graph, callees: _CalledGraphs) -> Callable[..., Any]:
     """``graph`` lowered for the joint trace: eligible callees become call entries."""
     cache: dict[Graph, Any] = {}
 
@@ -192,7 +264,7 @@ def _select(graph: Graph, provided: Sequence[Tensor] | None,
         raise AutodiffError("autodiff of the main graph is not supported",
                             where=user_source_line(),
                             fix="build the forward pass as a subgraph with ir.create_graph and call it")
-    if any(n.meta.get("ipuxl_role") in ("h2d", "d2h") for n in graph.fx.nodes):
+    if _has_host_transfers(graph):
         raise AutodiffError(f"graph '{graph.name}' contains host transfers and cannot be differentiated")
     outs = list(graph.outputs) if provided is None else list(provided)
     ins = [t for t in graph.inputs if t.dtype.is_floating_point] if required is None else list(required)
@@ -241,9 +313,12 @@ def _require_member(t: Tensor, members: Sequence[Tensor], graph: Graph, arg: str
 MIN_CALL_UNITS = 2  # fewer calls: the joint trace below is as cheap
 MAX_OP_SEGMENTS = 8  # each run of ops between calls is traced on its own
 
+# A unit: ("call", call node), ("ops", [nodes of a segment]) or ("free", node off the gradient path).
+Unit = tuple[str, Any]
+
 
 def _differentiate_units(graph: Graph, provided: list[Tensor], required: list[Tensor], explicit: bool,
-                         callees: _CalledGraphs) -> tuple | None:
+                         callees: _CalledGraphs) -> GradGraphInfo | None:
     """Differentiate a graph that calls shared graphs without tracing through the calls.
 
     The graph is cut, in program order, into units: each call of a differentiable
@@ -257,15 +332,26 @@ def _differentiate_units(graph: Graph, provided: list[Tensor], required: list[Te
     fewer than ``MIN_CALL_UNITS`` such calls or more than ``MAX_OP_SEGMENTS`` segments.
     """
     nodes = list(graph.fx.nodes)
-    if any(n.meta.get("ipuxl_writes") or "ipuxl_modifies" in n.meta for n in nodes):
+    if any(writes(n) or MODIFIES in n.meta for n in nodes):
         return None
 
     def is_unit_call(node: fx.Node) -> bool:
-        return (node.op == "call_function" and isinstance(node.target, CallTarget)
-                and not isinstance(node.target, RepeatTarget) and not node.meta.get("ipuxl_by_ref_args")
-                and callees.entry(node.target.graph) is not None)
+        called = callee(node)
+        return (called is not None and not is_repeat(node) and not node.meta.get(BY_REF_ARGS)
+                and callees.entry(called) is not None)
 
-    # what the gradients flow through: from the required inputs, to the provided outputs
+    on_path = _gradient_path(nodes, provided, required)
+    units = _units(nodes, on_path, is_unit_call)
+    if (sum(kind == "call" for kind, _ in units) < MIN_CALL_UNITS
+            or sum(kind == "ops" for kind, _ in units) > MAX_OP_SEGMENTS):
+        return None
+    infos = _rebuild_as_calls(graph, units, on_path, {t.node for t in provided})
+    return _grad_by_units(graph, infos, provided, required, explicit)
+
+
+def _gradient_path(nodes: list[fx.Node], provided: list[Tensor], required: list[Tensor]) -> set[fx.Node]:
+    """What the gradients flow through: nodes reached from the required inputs that
+    reach the provided outputs."""
     needs_grad = {t.node for t in required}
     for node in nodes:
         if node not in needs_grad and any(a in needs_grad for a in node.all_input_nodes):
@@ -277,11 +363,17 @@ def _differentiate_units(graph: Graph, provided: list[Tensor], required: list[Te
         if node not in feeds_output:
             feeds_output.add(node)
             stack.extend(node.all_input_nodes)
-    on_path = needs_grad & feeds_output
-    # Units in program order. Ops off the gradient path (seeds, masks, metrics) stay in the
-    # forward as they are, moved ahead of an open run when they do not read it (all ops
-    # here are pure), so that they do not split runs.
-    units: list[tuple[str, Any]] = []
+    return needs_grad & feeds_output
+
+
+def _units(nodes: list[fx.Node], on_path: set[fx.Node], is_unit_call: Callable[[fx.Node], bool]) -> list[Unit]:
+    """The graph's ops as units, in program order.
+
+    Ops off the gradient path (seeds, masks, metrics) stay in the forward as they are,
+    moved ahead of an open run when they do not read it (all ops here are pure), so
+    that they do not split runs.
+    """
+    units: list[Unit] = []
     segment: list[fx.Node] = []
     in_segment: set[fx.Node] = set()
     hoisted: list[fx.Node] = []
@@ -297,7 +389,7 @@ def _differentiate_units(graph: Graph, provided: list[Tensor], required: list[Te
     for node in nodes:
         if node.op != "call_function":
             continue
-        if node.target is operator.getitem and is_unit_call(node.args[0]):
+        if node.target is operator.getitem and is_unit_call(_arg_node(node, 0)):
             continue
         if is_unit_call(node):
             close()
@@ -310,77 +402,72 @@ def _differentiate_units(graph: Graph, provided: list[Tensor], required: list[Te
         else:
             units.append(("free", node))
     close()
-    if (sum(kind == "call" for kind, _ in units) < MIN_CALL_UNITS
-            or sum(kind == "ops" for kind, _ in units) > MAX_OP_SEGMENTS):
-        return None
-    infos = _rebuild_as_calls(graph, units, on_path, {t.node for t in provided})
-    return _grad_by_units(graph, infos, provided, required, explicit)
+    return units
 
 
-def _rebuild_as_calls(graph: Graph, units: list[tuple[str, Any]], on_path: set[fx.Node],
-                      provided: set[fx.Node]) -> list[Any]:
+def _rebuild_as_calls(graph: Graph, units: list[Unit], on_path: set[fx.Node],
+                      provided: set[fx.Node]) -> list[CallSiteInfo]:
     """Replace ``graph``'s body by one call per unit (segments become graphs); return the
     call sites, in program order."""
-    from ipuxl.ops.call import call_with_info  # ops depend on the IR; import late
-
     returned = {t.node for t in graph.outputs}
-    plans = []
-    for kind, unit in units:
-        if kind == "ops":
-            plans.append(("ops", _segment_graph(graph, unit, returned, on_path, provided)))
-        else:
-            plans.append((kind, unit))
+    plans: list[Unit] = [("ops", _segment_graph(graph, unit, returned, on_path, provided)) if kind == "ops"
+                         else (kind, unit) for kind, unit in units]
     old_outputs = list(graph.outputs)
-    old_fx, new = graph.fx, fx.Graph()
-    env: dict[fx.Node, Tensor] = {}
-    handles: dict[fx.Node, Tensor] = {}
-    for node in old_fx.nodes:
+    new = fx.Graph()
+    node_map: dict[fx.Node, fx.Node] = {}
+    for node in graph.fx.nodes:
         if node.op == "placeholder":
-            fresh = new.placeholder(node.target)
-            fresh.meta.update(node.meta)
-            handle = graph._handles[node]
-            handle._node = fresh
-            handles[fresh] = handle
-            env[node] = handle
-    graph.fx, graph._handles = new, handles
-
-    def value(node: fx.Node) -> Tensor:
-        if node not in env and node.op == "get_attr":  # a constant passed to a call
-            fresh = new.get_attr(node.target)
-            fresh.meta.update(node.meta)
-            env[node] = graph.wrap(fresh)
-        return env[node]
-
-    infos = []
-    with graph:
+            node_map[node] = new.placeholder(cast(str, node.target))
+            node_map[node].meta.update(node.meta)
+    infos: list[CallSiteInfo] = []
+    with graph.rebuild(new, node_map), graph:
+        env = _BodyValues(graph, {old: graph.wrap(fresh) for old, fresh in node_map.items()})
         for kind, plan in plans:
-            if kind == "free":  # an op off the gradient path, copied as it is
-                fresh = new.node_copy(plan, lambda n: value(n).node)
-                if "ipuxl_view_of" in plan.meta:
-                    fresh.meta["ipuxl_view_of"] = value(plan.meta["ipuxl_view_of"]).node
-                env[plan] = graph.wrap(fresh)
-                continue
-            if kind == "ops":
-                sub, ins, outs = plan
-                info = call_with_info(sub, *[value(n) for n in ins])
-                for node, out in zip(outs, info.outputs):
-                    env[node] = out
+            if kind == "free":
+                env.copy(plan)
             else:
-                info = call_with_info(plan.target.graph, *[value(a) for a in plan.args])
-                for user in plan.users:
-                    env[user] = info.outputs[user.args[1]]
-            infos.append(info)
-    for i, handle in enumerate(old_outputs):  # the caller's output handles stay valid
-        if handle.node.op == "placeholder" or handle.node in handles:
-            continue
-        node = value(handle.node).node
-        handle._node = node
-        graph._handles[node] = handle
+                infos.append(env.call(kind, plan))
+        for handle in old_outputs:  # the caller's output handles stay valid
+            if handle.node.op != "placeholder":  # an input: it followed its placeholder already
+                node_map[handle.node] = env.value(handle.node).node
     return infos
 
 
+class _BodyValues:
+    """The values of the old body's nodes in the body being rebuilt (``_rebuild_as_calls``)."""
+
+    def __init__(self, graph: Graph, env: dict[fx.Node, Tensor]):
+        self.graph, self.env = graph, env
+
+    def value(self, node: fx.Node) -> Tensor:
+        if node not in self.env and node.op == "get_attr":  # a constant passed to a call
+            fresh = self.graph.fx.get_attr(cast(str, node.target))
+            fresh.meta.update(node.meta)
+            self.env[node] = self.graph.wrap(fresh)
+        return self.env[node]
+
+    def copy(self, node: fx.Node) -> None:
+        """An op off the gradient path, copied as it is."""
+        fresh = self.graph.fx.node_copy(node, lambda n: self.value(n).node)
+        if VIEW_OF in node.meta:
+            fresh.meta[VIEW_OF] = self.value(node.meta[VIEW_OF]).node
+        self.env[node] = self.graph.wrap(fresh)
+
+    def call(self, kind: str, plan: Any) -> CallSiteInfo:
+        """The call of a segment's graph (``kind == "ops"``) or of a callee, in place of the unit."""
+        if kind == "ops":
+            sub, ins, outs = plan
+            info = call_with_info(sub, *[self.value(n) for n in ins])
+            self.env.update(zip(outs, info.outputs))
+            return info
+        info = call_with_info(cast(Graph, callee(plan)), *[self.value(a) for a in _arg_nodes(plan)])
+        for user in plan.users:
+            self.env[user] = info.outputs[cast(int, user.args[1])]
+        return info
+
+
 def _segment_graph(graph: Graph, nodes: list[fx.Node], returned: set[fx.Node], on_path: set[fx.Node],
-                   provided_nodes: set[fx.Node]) -> tuple[Graph, list, list]:
+                   provided_nodes: set[fx.Node]) -> tuple[Graph, list[fx.Node], list[fx.Node]]:
     """A run of ``graph``'s ops as a graph of its own, differentiated for the inputs on a
     gradient path (``on_path``) and the outputs a gradient comes back to (provided
     outputs of ``graph``, or read on the path after the run): (graph, input nodes, output nodes)."""
@@ -392,24 +479,8 @@ def _segment_graph(graph: Graph, nodes: list[fx.Node], returned: set[fx.Node], o
                 ins.append(a)
     outs = [n for n in nodes if n in returned or any(u not in inside for u in n.users)]
     sub = graph.ir.new_subgraph(f"{graph.base_name}_ops")
-    env: dict[fx.Node, fx.Node] = {}
-    for node in ins:
-        val = node.meta["val"]
-        env[node] = sub.add_input(TensorSpec(tuple(val.shape), val.dtype),
-                                   node.meta.get("ipuxl_name", node.name)).node
-    for node in nodes:
-        for a in node.all_input_nodes:
-            if a.op == "get_attr" and a not in env:
-                env[a] = sub.fx.get_attr(a.target)
-                env[a].meta.update(a.meta)
-                sub.constants[a.target] = graph.constants[a.target]
-        copied = sub.fx.node_copy(node, lambda n: env[n])
-        view_of = node.meta.get("ipuxl_view_of")
-        if view_of is not None:
-            copied.meta["ipuxl_view_of"] = env.get(view_of, copied.all_input_nodes[0] if copied.all_input_nodes
-                                                    else None)
-        env[node] = copied
-    sub.set_outputs([sub.wrap(env[n]) for n in outs])
+    copies = _copy_segment(graph, sub, nodes, ins)
+    sub.set_outputs([sub.wrap(copies[n]) for n in outs])
     provided = [t for t, n in zip(sub.outputs, outs) if t.dtype.is_floating_point and (
         n in provided_nodes or (n in on_path and any(u not in inside and u in on_path for u in n.users)))]
     required = [t for t, n in zip(sub.inputs, ins) if n in on_path and t.dtype.is_floating_point]
@@ -418,71 +489,105 @@ def _segment_graph(graph: Graph, nodes: list[fx.Node], returned: set[fx.Node], o
     return sub, ins, outs
 
 
-def _grad_by_units(graph: Graph, infos: list[Any], provided: list[Tensor], required: list[Tensor],
-                   explicit: bool) -> tuple:
-    from ipuxl.ops.call import call  # ops depend on the IR; import late
+def _copy_segment(graph: Graph, sub: Graph, nodes: list[fx.Node], ins: list[fx.Node]) -> dict[fx.Node, fx.Node]:
+    """Copy ``nodes`` into ``sub``, reading ``ins`` as its inputs (constants are copied
+    along); return {node of ``graph``: its copy}."""
+    env: dict[fx.Node, fx.Node] = {}
+    for node in ins:
+        val = node.meta["val"]
+        env[node] = sub.add_input(TensorSpec(tuple(val.shape), val.dtype), node.meta.get(NAME, node.name)).node
+    for node in nodes:
+        for a in node.all_input_nodes:
+            if a.op == "get_attr" and a not in env:
+                target = cast(str, a.target)
+                env[a] = sub.fx.get_attr(target)
+                env[a].meta.update(a.meta)
+                sub.constants[target] = graph.constants[target]
+        copied = sub.fx.node_copy(node, lambda n: env[n])
+        view_of = node.meta.get(VIEW_OF)
+        if view_of is not None:
+            copied.meta[VIEW_OF] = env.get(view_of, copied.all_input_nodes[0] if copied.all_input_nodes else None)
+        env[node] = copied
+    return env
 
+
+def _grad_by_units(graph: Graph, infos: list[CallSiteInfo], provided: list[Tensor], required: list[Tensor],
+                   explicit: bool) -> GradGraphInfo:
+    """The grad graph of a graph rebuilt as calls (``infos``): each unit's grad graph called
+    in reverse order, gradients summed over readers."""
     grad = graph.ir.new_subgraph(f"{graph.base_name}_grad")
-    sums: dict[fx.Node, Tensor] = {}  # forward node -> its gradient so far
-    saved: dict[fx.Node, Tensor] = {}  # forward node -> grad-graph input holding it
-    saved_fwd: list[Tensor] = []
-
-    def add_grad(node: fx.Node, g: Tensor) -> None:
-        sums[node] = g if node not in sums else sums[node] + g
-
-    visible = {id(t) for t in (*graph.inputs, *graph.outputs)}
-
-    def forward_value(t: Tensor) -> Tensor:
-        """The grad-graph input holding forward tensor ``t`` (made a forward output if needed)."""
-        if t.node not in saved:
-            fwd = graph.wrap(t.node)
-            if id(fwd) not in visible:
-                graph.add_output(fwd)
-                visible.add(id(fwd))
-            saved[t.node] = grad.add_input(fwd.spec, fwd.name)
-            saved_fwd.append(fwd)
-        return saved[t.node]
-
+    sums = _GradSums(graph, grad)
     with grad:
         for t in provided:
-            add_grad(t.node, grad.add_input(t.spec, f"Gradient___{t.name}"))
+            sums.add(t.node, grad.add_input(t.spec, f"Gradient___{t.name}"))
         for info in reversed(infos):
-            grad_info = getattr(info.called_graph, "_ipuxl_grad", None)
-            if grad_info is None:
-                continue
-            callee_grad, expected, callee_required = grad_info
-            parents = [info.graph_to_parent(t) for t, _ in expected]
-            if not any(kind == "FwdGrad" and p.node in sums for (_, kind), p in zip(expected, parents)):
-                continue  # nothing downstream needs this unit's gradients
-            args = []
-            for (t, kind), parent in zip(expected, parents):
-                if kind == "FwdGrad":
-                    args.append(sums[parent.node] if parent.node in sums else _zeros(t))
-                else:
-                    args.append(forward_value(parent))
-            for t, g in zip(callee_required, call(callee_grad, *args)):
-                add_grad(info.graph_to_parent(t).node, g)
-        outputs = []
-        for t in required:
-            g = sums.get(t.node)
-            if g is None:
-                if explicit:
-                    raise AutodiffError(
-                        f"autodiff of graph '{graph.name}': input '{t.name}' has no differentiable path to the "
-                        "outputs in grads_provided (its gradient would always be zero)", where=user_source_line(),
-                        fix="remove it from grads_required, or check that the outputs use it")
-                g = _zeros(t)
-            if g.node.op != "placeholder":
-                g.node.meta["ipuxl_name"] = f"Gradient___{t.name}"
-            outputs.append(g)
+            sums.call_unit_grad(info)
+        outputs = [_required_grad(graph, sums, t, explicit) for t in required]
     grad.set_outputs(outputs)
-    expected_inputs = [(t, "FwdGrad") for t in provided] + [(t, "Fwd") for t in saved_fwd]
-    return grad, expected_inputs, required
+    return GradGraphInfo.of(grad, graph, provided, sums.saved_fwd, required)
+
+
+class _GradSums:
+    """Gradients so far while building a grad graph unit by unit, and the forward
+    tensors it reads (made forward outputs where needed)."""
+
+    def __init__(self, graph: Graph, grad: Graph):
+        self.graph, self.grad = graph, grad
+        self.sums: dict[fx.Node, Tensor] = {}  # forward node -> its gradient so far
+        self.saved: dict[fx.Node, Tensor] = {}  # forward node -> grad-graph input holding it
+        self.saved_fwd: list[Tensor] = []
+        self.visible = {id(t) for t in (*graph.inputs, *graph.outputs)}
+
+    def add(self, node: fx.Node, g: Tensor) -> None:
+        self.sums[node] = g if node not in self.sums else self.sums[node] + g
+
+    def forward_value(self, t: Tensor) -> Tensor:
+        """The grad-graph input holding forward tensor ``t`` (made a forward output if needed)."""
+        if t.node not in self.saved:
+            fwd = self.graph.wrap(t.node)
+            if id(fwd) not in self.visible:
+                self.graph.add_output(fwd)
+                self.visible.add(id(fwd))
+            self.saved[t.node] = self.grad.add_input(fwd.spec, fwd.name)
+            self.saved_fwd.append(fwd)
+        return self.saved[t.node]
+
+    def call_unit_grad(self, info: CallSiteInfo) -> None:
+        """Call the grad graph of the unit called at ``info``, if anything downstream needs it."""
+        unit = info.called_graph.grad_info
+        if unit is None:
+            return
+        expected = unit.expected_inputs
+        parents = [info.graph_to_parent(c.fwd_tensor) for c in expected]
+        fwd_grad = ExpectedConnectionType.FwdGrad
+        if not any(c.connection_type is fwd_grad and p.node in self.sums for c, p in zip(expected, parents)):
+            return  # nothing downstream needs this unit's gradients
+        args = []
+        for c, parent in zip(expected, parents):
+            if c.connection_type is fwd_grad:
+                args.append(self.sums[parent.node] if parent.node in self.sums else _zeros(c.fwd_tensor))
+            else:
+                args.append(self.forward_value(parent))
+        for t, g in zip(unit.outputs, call(unit.graph, *args)):
+            self.add(info.graph_to_parent(t).node, g)
+
+
+def _required_grad(graph: Graph, sums: _GradSums, t: Tensor, explicit: bool) -> Tensor:
+    """The gradient of required input ``t`` (zeros without a path, unless ``explicit``)."""
+    g = sums.sums.get(t.node)
+    if g is None:
+        if explicit:
+            raise AutodiffError(
+                f"autodiff of graph '{graph.name}': input '{t.name}' has no differentiable path to the "
+                "outputs in grads_provided (its gradient would always be zero)", where=user_source_line(),
+                fix="remove it from grads_required, or check that the outputs use it")
+        g = _zeros(t)
+    if g.node.op != "placeholder":
+        g.node.meta[NAME] = f"Gradient___{t.name}"
+    return g
 
 
 def _zeros(like: Tensor) -> Tensor:
-    from ipuxl.ir.build import emit
-
     shape, dtype = list(like.shape), like.dtype
     return emit("zeros", torch.ops.aten.zeros.default, (shape,), {"dtype": dtype, "device": torch.device("cpu")},
                 meta_fn=lambda *a, **k: torch.empty(shape, dtype=dtype, device="meta"))
@@ -495,7 +600,7 @@ def _trace_joint(graph: Graph, provided: list[Tensor], required: list[Tensor],
     outs_idx = [_index(graph.outputs, t) for t in provided]
     req_idx = [_index(graph.inputs, t) for t in required]
     # Inputs the graph updates in place are copied, as a by-value call does.
-    written = {w for n in graph.fx.nodes for w in n.meta.get("ipuxl_writes", ())}
+    written = written_nodes(graph)
     modified = [i for i, t in enumerate(graph.inputs) if t.node in written]
 
     def joint(primals: list[torch.Tensor], tangents: list[torch.Tensor]) -> tuple:
@@ -508,7 +613,9 @@ def _trace_joint(graph: Graph, provided: list[Tensor], required: list[Tensor],
             outs = forward(*args)
             return tuple(outs[j] for j in outs_idx), tuple(outs)
 
-        _, vjp_fn, all_outs = torch.func.vjp(f, *[primals[i] for i in req_idx], has_aux=True)
+        # with has_aux, vjp returns (outputs, vjp_fn, aux); torch's annotation knows only the pair
+        vjp = torch.func.vjp(f, *[primals[i] for i in req_idx], has_aux=True)
+        _, vjp_fn, all_outs = cast(tuple[Any, Callable[..., tuple], tuple], vjp)
         grads = vjp_fn(tuple(tangents)) if req_idx else ()
         return (*all_outs, *grads)
 
@@ -521,11 +628,26 @@ def _index(tensors: Sequence[Tensor], t: Tensor) -> int:
     return next(i for i, m in enumerate(tensors) if m is t)
 
 
+def _output_args(graph: fx.Graph) -> list[Any]:
+    """The values an fx graph returns (its output node's tuple)."""
+    return list(cast(Sequence[Any], graph.output_node().args[0]))
+
+
+def _arg_node(node: fx.Node, i: int) -> fx.Node:
+    """Argument ``i`` of ``node``, a node (a getitem's tuple, say)."""
+    return cast(fx.Node, node.args[i])
+
+
+def _arg_nodes(node: fx.Node) -> list[fx.Node]:
+    """The arguments of a call node (all nodes)."""
+    return [cast(fx.Node, a) for a in node.args]
+
+
 def _check_paths(graph: Graph, joint: fx.GraphModule, n_fwd: int, required: list[Tensor], explicit: bool) -> None:
     """Raise when an explicitly required gradient does not depend on any provided gradient."""
     if not explicit:
         return
-    grads = list(joint.graph.output_node().args[0][n_fwd:])
+    grads = _output_args(joint.graph)[n_fwd:]
     reached = _tangent_dependent(joint)
     for t, grad in zip(required, grads):
         if grad not in reached:
@@ -548,7 +670,7 @@ def _tangent_dependent(joint: fx.GraphModule) -> set[fx.Node]:
 # -- step 2: tags -----------------------------------------------------------------------------------
 def _tag_forward(joint: fx.GraphModule, n_fwd: int) -> None:
     forward_nodes: set[fx.Node] = set()
-    stack = [n for n in joint.graph.output_node().args[0][:n_fwd] if isinstance(n, fx.Node)]
+    stack = [n for n in _output_args(joint.graph)[:n_fwd] if isinstance(n, fx.Node)]
     while stack:
         node = stack.pop()
         if node not in forward_nodes:
@@ -571,41 +693,27 @@ def _rewrite_forward(graph: Graph, fw: fx.GraphModule, n_fwd: int) -> list[tuple
     """Replace ``graph``'s body by the partitioned forward; return (saved name, fwd tensor) pairs."""
     new = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
-    handles: dict[fx.Node, Tensor] = {}
+    node_map: dict[fx.Node, fx.Node] = {}
     placeholders = [n for n in fw.graph.nodes if n.op == "placeholder"]
     for node, handle in zip(placeholders, graph.inputs):
         fresh = new.placeholder(handle.node.name)
         fresh.meta.update(handle.node.meta)
-        env[node] = fresh
-        handle._node = fresh
-        handles[fresh] = handle
+        env[node] = node_map[handle.node] = fresh
     copy_fx_body(fw, new, env, graph.constants, graph.ir, replaces=graph.fx)
-    outputs = list(fw.graph.output_node().args[0])
-    graph.fx = new
-    graph._handles = handles
+    outputs = _output_args(fw.graph)
     for handle, node in zip(graph.outputs, outputs[:n_fwd]):
-        _rebind(graph, handle, env[node])
-    saved: list[tuple[str, Tensor]] = []
-    for node in outputs[n_fwd:]:
-        saved.append((node.name, _saved_tensor(graph, env[node])))
-    return saved
-
-
-def _rebind(graph: Graph, handle: Tensor, node: fx.Node) -> None:
-    if node in graph._handles:
-        index = _index(graph.outputs, handle)
-        graph._outputs[index] = graph._handles[node]
-        return
-    handle._node = node
-    graph._handles[node] = handle
+        node_map.setdefault(handle.node, env[node])  # an input returned as it is is mapped already
+    graph.replace_body(new, node_map)
+    return [(node.name, _saved_tensor(graph, env[node])) for node in outputs[n_fwd:]]
 
 
 def _saved_tensor(graph: Graph, node: fx.Node) -> Tensor:
-    existing = graph._handles.get(node)
+    """The forward tensor of saved activation ``node``: an input or output, else a new output."""
+    existing = graph.handle(node)
     if existing is not None:
         return existing
     tensor = graph.wrap(node)
-    node.meta.setdefault("ipuxl_name", node.name)
+    node.meta.setdefault(NAME, node.name)
     graph.add_output(tensor)
     return tensor
 
@@ -625,11 +733,10 @@ def _build_grad_graph(graph: Graph, bw: fx.GraphModule, provided: list[Tensor],
         env[placeholders[name]] = handle.node
     copy_fx_body(bw, grad.fx, env, grad.constants, graph.ir)
     outputs = []
-    for node, fwd_input in zip(bw.graph.output_node().args[0], required):
+    for node, fwd_input in zip(_output_args(bw.graph), required):
         out = env[node]
         if out.op != "placeholder":  # an input passed through keeps its own name
-            out.meta["ipuxl_name"] = f"Gradient___{fwd_input.name}"
+            out.meta[NAME] = f"Gradient___{fwd_input.name}"
         outputs.append(grad.wrap(out))
     grad.set_outputs(outputs)
     return grad
-

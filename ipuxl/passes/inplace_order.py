@@ -10,9 +10,9 @@ reordering pass (``passes.schedule``) keeps results, and checks that the order i
 
 Side effects (what an op does besides computing its outputs):
 
-- in-place writes: ``node.meta["ipuxl_writes"]`` (var_updates, ``scaled_add_``,
+- in-place writes: ``WRITES`` (``ipuxl.ir.aliases.writes``: var_updates, ``scaled_add_``,
   ``copy_var_update_``, in-place collectives, and calls whose callee modifies a
-  by-reference input: ``ipuxl_by_ref_args``). A callee that modifies an input passed
+  by-reference input: ``BY_REF_ARGS``). A callee that modifies an input passed
   *by value* writes a clone that lowering makes at the call, so that call is a plain
   read of the caller's tensor;
 - host stores (``host_store`` writes its d2h slot; stores keep their order);
@@ -23,11 +23,12 @@ Side effects (what an op does besides computing its outputs):
 Random ops are pure functions of a seed tensor here (no hidden state is advanced), so
 they add no constraint.
 
-Storage. Two tensors share storage when one is an in-place result
-(``ipuxl_modifies``) or a view (``ipuxl_view_of``) of the other. A view that an
-in-place op writes through is copied by lowering (PopXL's view ops return new
-tensors), so it is a storage of its own; any other view counts as its source (when
-lowering copies it, keeping it ordered with its source's writes is still right).
+Storage (``ipuxl.ir.aliases``). Two tensors share storage when one is an in-place
+result (``MODIFIES``) or a view (``VIEW_OF``) of the other. A view that an in-place
+op writes through is copied by lowering (PopXL's view ops return new tensors), so it
+is a storage of its own: ``storage_owner(node, copied=<written views>)``; any other
+view counts as its source (when lowering copies it, keeping it ordered with its
+source's writes is still right).
 """
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ from typing import TYPE_CHECKING
 import torch.fx as fx
 
 from ipuxl.errors import InplaceOrderError
-from ipuxl.ir.calls import CallTarget
-from ipuxl.ir.meta import COLLECTIVE_OPS
+from ipuxl.ir.aliases import storage_owner, writes, written_nodes
+from ipuxl.ir.calls import any_reachable, callee
+from ipuxl.ir.meta import COLLECTIVE_OPS, IN_SEQUENCE, NAME, OP, SOURCE
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
@@ -60,12 +62,11 @@ class StorageAccess:
 
     def __init__(self, graph: "Graph"):
         self.nodes = [n for n in graph.fx.nodes if n.op not in _LEAVES]
-        written_nodes = {w for n in self.nodes for w in n.meta.get("ipuxl_writes", ())}
-        self._written_nodes = written_nodes
+        self._written_nodes = written_nodes(self.nodes)  # a written view owns its storage: lowering copies it
         self.writes: dict[fx.Node, list[fx.Node]] = {}
         for node in self.nodes:
             roots = []
-            for w in node.meta.get("ipuxl_writes", ()):
+            for w in writes(node):
                 root = self.storage_of(w)
                 if root not in roots:
                     roots.append(root)
@@ -74,20 +75,14 @@ class StorageAccess:
         self.written = {r for roots in self.writes.values() for r in roots}
         self.reads: dict[fx.Node, set[fx.Node]] = {}
         for node in self.nodes:
-            roots = {self.storage_of(a) for a in node.all_input_nodes} & self.written
-            roots.update(self.writes.get(node, ()))
-            if roots:
-                self.reads[node] = roots
+            read = {self.storage_of(a) for a in node.all_input_nodes} & self.written
+            read.update(self.writes.get(node, ()))
+            if read:
+                self.reads[node] = read
 
     def storage_of(self, node: fx.Node) -> fx.Node:
         """The node owning the storage ``node``'s value lives in (see the module docstring)."""
-        while True:
-            parent = node.meta.get("ipuxl_modifies")
-            if parent is None:
-                parent = node.meta.get("ipuxl_view_of")
-                if parent is None or node in self._written_nodes:  # a written view is copied
-                    return node
-            node = parent
+        return storage_owner(node, copied=self._written_nodes)
 
 
 def storage_accesses(graph: "Graph") -> StorageAccess:
@@ -95,29 +90,20 @@ def storage_accesses(graph: "Graph") -> StorageAccess:
     return StorageAccess(graph)
 
 
-def _calls_collective(graph: "Graph", seen: set | None = None) -> bool:
-    """True when ``graph`` (or a graph it calls) contains a collective."""
-    seen = set() if seen is None else seen
-    if graph in seen:
-        return False
-    seen.add(graph)
-    for node in graph.fx.nodes:
-        if node.meta.get("ipuxl_op") in COLLECTIVE_OPS:
-            return True
-        if isinstance(node.target, CallTarget) and _calls_collective(node.target.graph, seen):
-            return True
-    return False
+def _is_collective_op(node: fx.Node) -> bool:
+    return node.meta.get(OP) in COLLECTIVE_OPS
 
 
-def _is_collective(node: fx.Node, cache: dict) -> bool:
-    if node.meta.get("ipuxl_op") in COLLECTIVE_OPS:
+def _is_collective(node: fx.Node, cache: dict["Graph", bool]) -> bool:
+    """True for a collective, or a call of a graph that (directly or not) contains one."""
+    if _is_collective_op(node):
         return True
-    if isinstance(node.target, CallTarget):
-        callee = node.target.graph
-        if callee not in cache:
-            cache[callee] = _calls_collective(callee)
-        return cache[callee]
-    return False
+    called = callee(node)
+    if called is None:
+        return False
+    if called not in cache:
+        cache[called] = any_reachable(called, _is_collective_op)
+    return cache[called]
 
 
 def side_effect_constraints(graph: "Graph") -> dict[fx.Node, set[fx.Node]]:
@@ -141,7 +127,7 @@ def side_effect_constraints(graph: "Graph") -> dict[fx.Node, set[fx.Node]]:
     last_write: dict[fx.Node, fx.Node] = {}
     reads_since: dict[fx.Node, list[fx.Node]] = {}
     chains: dict[str, fx.Node] = {}
-    collective_cache: dict = {}
+    collective_cache: dict["Graph", bool] = {}
     for node in access.nodes:
         before = preds[node]
         # 1. storage order
@@ -158,11 +144,11 @@ def side_effect_constraints(graph: "Graph") -> dict[fx.Node, set[fx.Node]]:
                 reads_since.setdefault(root, []).append(node)
         # 2-4. total orders of in_sequence ops, collectives and host stores
         kinds = []
-        if node.meta.get("ipuxl_in_sequence"):
+        if node.meta.get(IN_SEQUENCE):
             kinds.append("in_sequence")
         if _is_collective(node, collective_cache):
             kinds.append("collective")
-        if node.meta.get("ipuxl_op") == "host_store":
+        if node.meta.get(OP) == "host_store":
             kinds.append("host_store")
         for kind in kinds:
             if kind in chains:
@@ -216,7 +202,7 @@ def ambiguous_pairs(graph: "Graph") -> list[tuple[fx.Node, fx.Node, fx.Node]]:
                     continue
                 if ancestors[write] & bit[read] or ancestors[read] & bit[write]:
                     continue
-                if read.meta.get("ipuxl_in_sequence") and write.meta.get("ipuxl_in_sequence"):
+                if read.meta.get(IN_SEQUENCE) and write.meta.get(IN_SEQUENCE):
                     continue
                 seen_pairs.add((read, write))
                 found.append((read, write, root))
@@ -236,12 +222,12 @@ def _ancestor_bits(graph: "Graph") -> dict[fx.Node, int]:
 
 
 def _tensor_name(node: fx.Node) -> str:
-    return node.meta.get("ipuxl_name", node.name)
+    return node.meta.get(NAME, node.name)
 
 
 def _describe_op(node: fx.Node) -> str:
-    op = node.meta.get("ipuxl_op", getattr(node.target, "__name__", str(node.target)))
-    source = node.meta.get("ipuxl_source") or "unknown source line"
+    op = node.meta.get(OP, getattr(node.target, "__name__", str(node.target)))
+    source = node.meta.get(SOURCE) or "unknown source line"
     return f"op '{op}' (node '{node.name}', at {source})"
 
 
@@ -261,4 +247,4 @@ def _error(graph: "Graph", read: fx.Node, write: fx.Node, root: fx.Node, more: i
     else:
         fix = ("read the tensor returned by the in-place op (e.g. `w = ops.scaled_add_(w, ...)`, then use "
                f"that `w`) instead of '{tensor}', or build both ops under `with ipuxl.in_sequence():`")
-    return InplaceOrderError(what, where=read.meta.get("ipuxl_source"), fix=fix)
+    return InplaceOrderError(what, where=read.meta.get(SOURCE), fix=fix)

@@ -1,9 +1,12 @@
 """Liveness: how many bytes of activations a graph holds at each step of a schedule.
 
 A *storage* is the memory one op allocates. Views (``reshape``, slices...) and in-place
-results do not allocate: they alias the storage they come from and keep it alive.
-Each output of a multi-output op (a call) is its own storage, owned by its tuple item. A storage is live from the op that allocates it to the last op that
-reads it or any alias of it; a graph output lives to the end. Variables and
+results do not allocate: they alias the storage they come from and keep it alive
+(``ipuxl.ir.aliases.storage_owner``). Each output of a multi-output op (a call's
+outputs, ``max_pool``'s values and indices) is its own storage, owned by its tuple
+item, so one output can be freed while another is still read. A storage is live from
+the op that allocates it to the last op that reads it or any alias of it; a graph
+output lives to the end. Variables and
 constants are always live and counted apart (``always_live_bytes``). Inputs of a
 subgraph belong to the caller; the main graph's host loads are host-stream buffers.
 
@@ -13,17 +16,20 @@ callee's program order, once per graph).
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 import torch.fx as fx
 
+from ipuxl.ir.aliases import storage_owner
+from ipuxl.ir.calls import callee
+from ipuxl.ir.meta import ROLE, Role
+
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
 
-__all__ = ["LiveProfile", "live_profile", "storage_root", "node_bytes", "always_live_bytes", "stream_bytes"]
+__all__ = ["LiveProfile", "live_profile", "node_bytes", "always_live_bytes", "stream_bytes", "tensor_bytes"]
 
 
 @dataclass
@@ -51,20 +57,6 @@ def tensor_bytes(value: Any) -> int:
     return 0
 
 
-def storage_root(node: fx.Node) -> fx.Node:
-    """The node whose allocation ``node``'s value lives in.
-
-    Each output of a multi-output op (a call's outputs, ``max_pool``'s values and
-    indices) is its own storage, owned by its tuple item, so one output can be freed
-    while another is still read.
-    """
-    while True:
-        parent = node.meta.get("ipuxl_modifies") or node.meta.get("ipuxl_view_of")
-        if parent is None:
-            return node
-        node = parent
-
-
 def _is_tuple(node: fx.Node) -> bool:
     return isinstance(node.meta.get("val"), (tuple, list))
 
@@ -72,7 +64,7 @@ def _is_tuple(node: fx.Node) -> bool:
 def _allocates(node: fx.Node) -> bool:
     if node.op in ("get_attr", "output", "placeholder") or _is_tuple(node):
         return False  # leaves belong to others; a tuple's outputs are allocated by its items
-    return storage_root(node) is node
+    return storage_owner(node) is node
 
 
 def node_bytes(node: fx.Node) -> int:
@@ -92,14 +84,12 @@ def always_live_bytes(graph: "Graph") -> int:
 def stream_bytes(graph: "Graph") -> int:
     """Host-stream buffers of a main graph: one slot per loaded or stored stream."""
     return sum(tensor_bytes(n.meta.get("val")) for n in graph.fx.nodes
-               if n.op == "placeholder" and n.meta.get("ipuxl_role") in ("h2d", "d2h"))
+               if n.op == "placeholder" and n.meta.get(ROLE) in Role.STREAMS)
 
 
 def live_profile(graph: "Graph", order: Sequence[fx.Node] | None = None,
-                 _callee_peaks: dict | None = None) -> LiveProfile:
+                 _callee_peaks: dict["Graph", int] | None = None) -> LiveProfile:
     """Live activation bytes at each op of ``order`` (default: program order)."""
-    from ipuxl.ir.calls import CallTarget
-
     nodes = [n for n in (order if order is not None else graph.fx.nodes) if n.op not in ("placeholder", "get_attr",
                                                                                           "output")]
     position = {n: i for i, n in enumerate(nodes)}
@@ -107,10 +97,10 @@ def live_profile(graph: "Graph", order: Sequence[fx.Node] | None = None,
     last_use: dict[fx.Node, int] = {}
     for node in nodes:
         for arg in node.all_input_nodes:
-            root = storage_root(arg)
+            root = storage_owner(arg)
             last_use[root] = max(last_use.get(root, -1), position[node])
     for t in graph.outputs:
-        last_use[storage_root(t.node)] = end
+        last_use[storage_owner(t.node)] = end
     callee_peaks = {} if _callee_peaks is None else _callee_peaks
     profile = LiveProfile(list(nodes))
     live = 0
@@ -121,17 +111,13 @@ def live_profile(graph: "Graph", order: Sequence[fx.Node] | None = None,
         if size:
             frees[last_use.get(node, i)] = frees.get(last_use.get(node, i), 0) + size
         transient = 0
-        if isinstance(node.target, CallTarget):
+        called = callee(node)
+        if called is not None:
             # while it runs: the callee's peak, its outputs included (its tuple items own them after)
-            callee = node.target.graph
-            if callee not in callee_peaks:
-                callee_peaks[callee] = 0  # recursion guard
-                callee_peaks[callee] = live_profile(callee, None, callee_peaks).peak_bytes
-            transient = callee_peaks[callee]
+            if called not in callee_peaks:
+                callee_peaks[called] = 0  # recursion guard
+                callee_peaks[called] = live_profile(called, None, callee_peaks).peak_bytes
+            transient = callee_peaks[called]
         profile.live.append(live + transient)
         live -= frees.pop(i, 0)
     return profile
-
-
-def peak_bytes(graph: "Graph", order: Iterable[fx.Node] | None = None) -> int:
-    return live_profile(graph, list(order) if order is not None else None).peak_bytes

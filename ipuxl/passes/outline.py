@@ -25,21 +25,28 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence, cast
 
 import numpy as np
 import torch
 import torch.fx as fx
 
 from ipuxl.errors import OutlineError
+from ipuxl.ir.aliases import storage_owner, writes
+from ipuxl.ir.calls import (CALL_COST, MIN_SAVINGS, CallTarget, RepeatTarget, call_nodes, callee, is_call, is_repeat,
+                            repeat_count)
 from ipuxl.ir.graph import Graph
-from ipuxl.ir.calls import CALL_COST, MIN_SAVINGS, CallTarget, RepeatTarget
+from ipuxl.ir.meta import (BY_REF, BY_REF_ARGS, CALLED_GRAPH, IN_SEQUENCE, MODIFIES, NAME, OP, OP_ID, OUTLINED,
+                           ROLE, SOURCE, VIEW_OF, WRITES, Role)
 from ipuxl.ir.tensor import TensorSpec
+
+if TYPE_CHECKING:
+    from ipuxl.ir.ir import Ir
 
 __all__ = ["outline_graph", "outline_ir", "deduplicate", "OutlineSummary"]
 
 _NEVER = ("host_store", "host_load")
-_REFS = ("ipuxl_modifies", "ipuxl_view_of")
+_REFS = (MODIFIES, VIEW_OF)  # alias records naming one node
 
 
 @dataclass
@@ -68,10 +75,9 @@ def _spec(value: Any) -> Any:
 
 def _target_key(node: fx.Node) -> Any:
     target = node.target
-    if isinstance(target, RepeatTarget):
-        return ("repeat", id(target.graph), target.count)
-    if isinstance(target, CallTarget):
-        return ("call", id(target.graph))
+    called = callee(node)
+    if called is not None:
+        return ("repeat", id(called), repeat_count(node)) if is_repeat(node) else ("call", id(called))
     if isinstance(target, torch._ops.OpOverload):
         return str(target)
     return (getattr(target, "__module__", None), getattr(target, "__qualname__", repr(target)))
@@ -99,18 +105,22 @@ def _const_key(value: Any) -> Any:
 
 def local_signature(node: fx.Node) -> Any:
     """What ``node`` computes, independent of where its inputs come from."""
-    if node.meta.get("ipuxl_op") in _NEVER:
+    if node.meta.get(OP) in _NEVER:
         return ("never", id(node))
     meta = node.meta
     return (_target_key(node), _const_key(node.args), _const_key(node.kwargs), _spec(meta.get("val")),
-            bool(meta.get("ipuxl_writes")), "ipuxl_modifies" in meta, "ipuxl_view_of" in meta,
-            bool(meta.get("ipuxl_in_sequence")))
+            bool(writes(node)), MODIFIES in meta, VIEW_OF in meta, bool(meta.get(IN_SEQUENCE)))
 
 
 def _arg_nodes(node: fx.Node) -> list[fx.Node]:
     """Every node argument of ``node``, in argument order (repeats included)."""
     found: list[fx.Node] = []
-    fx.node.map_arg((node.args, node.kwargs), lambda a: found.append(a) or a)
+
+    def record(a: fx.Node) -> fx.Node:
+        found.append(a)
+        return a
+
+    fx.node.map_arg((node.args, node.kwargs), record)
     return found
 
 
@@ -154,15 +164,15 @@ def _region(graph: Graph, nodes: list[fx.Node], returned: set[fx.Node]) -> _Regi
                 if r is None:
                     return None
                 metas.append((key, r))
-        writes = []
-        for w in n.meta.get("ipuxl_writes", ()):
+        written_refs = []
+        for w in writes(n):
             r = ref(w, False)
             if r is None:
                 return None
             if r[0] == "e":
                 written.add(r[1])
-            writes.append(r)
-        pattern.append((tuple(refs), tuple(metas), tuple(writes)))
+            written_refs.append(r)
+        pattern.append((tuple(refs), tuple(metas), tuple(written_refs)))
     used_outside = set()
     for j, n in enumerate(nodes):
         if n in returned or any(u not in offset for u in n.users):
@@ -177,7 +187,7 @@ def _meta_referenced_outside(graph: Graph, regions: list[_Region]) -> set[int]:
     for n in graph.fx.nodes:
         if n in inside:
             continue
-        targets = [n.meta.get(k) for k in _REFS] + list(n.meta.get("ipuxl_writes", ()))
+        targets = [n.meta.get(k) for k in _REFS] + writes(n)
         for t in targets:
             if t in inside:
                 found.add(inside[t][1])
@@ -189,7 +199,7 @@ def _weight(node: fx.Node) -> float:
     """What one op costs in compiled code: tuple items nothing, calls little."""
     if node.target is operator.getitem:
         return 0.0
-    return CALL_COST if isinstance(node.target, CallTarget) else 1.0
+    return CALL_COST if is_call(node) else 1.0
 
 
 def _candidates(codes: np.ndarray, weights: np.ndarray, min_ops: int) -> list[tuple[float, int, int, int, int]]:
@@ -207,7 +217,7 @@ def _candidates(codes: np.ndarray, weights: np.ndarray, min_ops: int) -> list[tu
             k = (b - a) // p + 1
             if k >= 2:
                 period_weight = prefix[a + p] - prefix[a]
-                savings = _savings(period_weight, k)
+                savings = _savings(period_weight, int(k))
                 if savings > 0 and real[a + p] > real[a]:  # not just calls of graphs outlined before
                     found.append((savings, p, int(a), int(k), int((b - a) - (k - 1) * p)))
     found.sort(key=lambda c: (-c[0], c[1], c[2]))
@@ -266,7 +276,7 @@ def _matching_regions(graph: Graph, ops: list[fx.Node], start: int, period: int,
             return None
     for r in regions:
         for e in r.externals:
-            if e.op == "placeholder" and e.meta.get("ipuxl_role") == "d2h":
+            if e.op == "placeholder" and e.meta.get(ROLE) == Role.D2H:
                 return None
     outside = set().union(*(r.used_outside for r in regions)) | _meta_referenced_outside(graph, regions)
     for r in regions:
@@ -283,7 +293,7 @@ def _replace(graph: Graph, regions: list[_Region]) -> Graph:
     env: dict[fx.Node, fx.Node] = {}
     for idx, ext in enumerate(first.externals):
         value = ext.meta["val"]
-        name = ext.meta.get("ipuxl_name", ext.name)
+        name = ext.meta.get(NAME, ext.name)
         t = sub.add_input(TensorSpec(tuple(value.shape), value.dtype), str(name), by_ref=idx in written)
         env[ext] = t.node
     for n in first.nodes:
@@ -300,40 +310,20 @@ def _replace(graph: Graph, regions: list[_Region]) -> Graph:
 
 
 def _remapped_meta(meta: dict, env: dict[fx.Node, fx.Node]) -> dict:
+    """A copy of an op's meta whose alias records name the nodes ``env`` maps them to."""
     new = dict(meta)
     for key in _REFS:
         if meta.get(key) is not None:
             new[key] = env[meta[key]]
-    if meta.get("ipuxl_writes"):
-        new["ipuxl_writes"] = [env[w] for w in meta["ipuxl_writes"]]
+    if meta.get(WRITES):
+        new[WRITES] = [env[w] for w in meta[WRITES]]
     return new
 
 
 def _call_in_place(graph: Graph, sub: Graph, region: _Region, outputs: list[int],
                    written: set[int]) -> dict[fx.Node, fx.Node]:
     """Call ``sub`` where ``region`` was; return {replaced region node: call output item}."""
-    from ipuxl.ir.build import _root
-
-    fxg = graph.fx
-    # after the region's last op: leaves it reads (variables made between its ops) exist by then
-    with fxg.inserting_before(region.nodes[-1].next):
-        call = fxg.call_function(CallTarget(sub), tuple(region.externals))
-        items = []
-        for o, j in enumerate(outputs):
-            item = fxg.call_function(operator.getitem, (call, o))
-            item.meta["val"] = region.nodes[j].meta["val"]
-            item.meta["ipuxl_op"] = "output_of"
-            if "ipuxl_name" in region.nodes[j].meta:
-                item.meta["ipuxl_name"] = region.nodes[j].meta["ipuxl_name"]
-            items.append(item)
-    call.meta.update({
-        "val": tuple(region.nodes[j].meta["val"] for j in outputs), "ipuxl_op": "call",
-        "ipuxl_called_graph": sub, "ipuxl_op_id": graph.ir.next_op_id(),
-        "ipuxl_source": region.nodes[0].meta.get("ipuxl_source"), "ipuxl_outlined": True,
-    })
-    if written:
-        call.meta["ipuxl_by_ref_args"] = set(written)
-        call.meta["ipuxl_writes"] = list(dict.fromkeys(_root(region.externals[i]) for i in sorted(written)))
+    items = _insert_call(graph, sub, region, outputs, written)
     members = set(region.nodes)
     replacement = {region.nodes[j]: item for j, item in zip(outputs, items)}
     for old, item in replacement.items():
@@ -344,45 +334,60 @@ def _call_in_place(graph: Graph, sub: Graph, region: _Region, outputs: list[int]
         for key in _REFS:
             if n.meta.get(key) in replacement:
                 n.meta[key] = replacement[n.meta[key]]
-        if n.meta.get("ipuxl_writes"):
-            n.meta["ipuxl_writes"] = [replacement.get(w, w) for w in n.meta["ipuxl_writes"]]
-    for old, item in replacement.items():  # Tensor handles (graph outputs, users' variables) follow
-        handle = graph._handles.pop(old, None)
-        if handle is not None and item not in graph._handles:
-            handle._node = item
-            graph._handles[item] = handle
-    graph._outputs = [graph.wrap(t.node) for t in graph.outputs]
+        if n.meta.get(WRITES):
+            n.meta[WRITES] = [replacement.get(w, w) for w in n.meta[WRITES]]
     for n in reversed(region.nodes):
         graph.fx.erase_node(n)
+    graph.replace_body(graph.fx, replacement)  # Tensor handles (graph outputs, users' variables) follow
     return replacement
+
+
+def _insert_call(graph: Graph, sub: Graph, region: _Region, outputs: list[int],
+                 written: set[int]) -> list[fx.Node]:
+    """Insert a call of ``sub`` on ``region``'s externals after its last op; return its output items."""
+    fxg = graph.fx
+    # after the region's last op: leaves it reads (variables made between its ops) exist by then
+    with fxg.inserting_before(region.nodes[-1].next):
+        call = fxg.call_function(CallTarget(sub), tuple(region.externals))
+        items = []
+        for o, j in enumerate(outputs):
+            item = fxg.call_function(operator.getitem, (call, o))
+            item.meta["val"] = region.nodes[j].meta["val"]
+            item.meta[OP] = "output_of"
+            if NAME in region.nodes[j].meta:
+                item.meta[NAME] = region.nodes[j].meta[NAME]
+            items.append(item)
+    call.meta.update({
+        "val": tuple(region.nodes[j].meta["val"] for j in outputs), OP: "call",
+        CALLED_GRAPH: sub, OP_ID: graph.ir.next_op_id(),
+        SOURCE: region.nodes[0].meta.get(SOURCE), OUTLINED: True,
+    })
+    if written:
+        call.meta[BY_REF_ARGS] = set(written)
+        roots = (storage_owner(region.externals[i], views=False) for i in sorted(written))
+        call.meta[WRITES] = list(dict.fromkeys(roots))
+    return items
 
 
 # -- identical graphs ---------------------------------------------------------------------
 def _graph_structure(graph: Graph) -> tuple[list[Any], list[str]]:
     """Comparable structure of a whole graph, and a readable line per item."""
-    items, lines = [], []
+    items: list[Any] = []
+    lines: list[str] = []
     inputs = {t.node: i for i, t in enumerate(graph.inputs)}
     for t in graph.inputs:
-        items.append(("input", _spec(t.node.meta.get("val")), bool(t.node.meta.get("ipuxl_by_ref"))))
-        lines.append(f"input '{t.name}' {t.shape} {t.dtype}{' by ref' if t.node.meta.get('ipuxl_by_ref') else ''}")
+        items.append(("input", _spec(t.node.meta.get("val")), bool(t.node.meta.get(BY_REF))))
+        lines.append(f"input '{t.name}' {t.shape} {t.dtype}{' by ref' if t.node.meta.get(BY_REF) else ''}")
     ops = _ops(graph)
     region = _region(graph, ops, {t.node for t in graph.outputs})
     if region is None:
         raise OutlineError(f"graph '{graph.name}' has writes or aliases the pass cannot follow",
                            fix="outline it by hand with ir.create_graph and ops.call")
-    ext_keys = []
-    for e in region.externals:
-        if e in inputs:
-            ext_keys.append(("input", inputs[e]))
-        elif e.op == "get_attr":
-            value = graph.constants.get(e.target)
-            ext_keys.append(("constant", _const_key(value)) if value is not None else ("attr", e.target))
-        else:
-            ext_keys.append(("other", e.name))
+    ext_keys = [_external_key(graph, e, inputs) for e in region.externals]
     for n, pattern in zip(ops, region.pattern):
         items.append((local_signature(n), pattern))
-        lines.append(f"op '{n.name}' ({n.meta.get('ipuxl_op', n.target)}) -> {_spec(n.meta.get('val'))}"
-                     + (f" at {n.meta['ipuxl_source']}" if n.meta.get("ipuxl_source") else ""))
+        lines.append(f"op '{n.name}' ({n.meta.get(OP, n.target)}) -> {_spec(n.meta.get('val'))}"
+                     + (f" at {n.meta[SOURCE]}" if n.meta.get(SOURCE) else ""))
     items.append(("externals", tuple(ext_keys)))
     lines.append(f"inputs and constants read: {[e.name for e in region.externals]}")
     offset = {n: j for j, n in enumerate(ops)}
@@ -390,6 +395,17 @@ def _graph_structure(graph: Graph) -> tuple[list[Any], list[str]]:
     items.append(("outputs", outs))
     lines.append(f"outputs {[t.name for t in graph.outputs]}")
     return items, lines
+
+
+def _external_key(graph: Graph, node: fx.Node, inputs: dict[fx.Node, int]) -> tuple[str, Any]:
+    """How a graph's region reads ``node``: an input (by position), a constant (by value) or else."""
+    if node in inputs:
+        return ("input", inputs[node])
+    if node.op == "get_attr":
+        target = cast(str, node.target)
+        value = graph.constants.get(target)
+        return ("constant", _const_key(value)) if value is not None else ("attr", target)
+    return ("other", node.name)
 
 
 def deduplicate(graphs: Sequence[Graph]) -> Graph:
@@ -414,12 +430,10 @@ def deduplicate(graphs: Sequence[Graph]) -> Graph:
                                    "share one graph; make the differing part an input, or keep them separate")
     merged = set(graphs[1:])
     for graph in keep.ir.graphs:
-        for node in graph.fx.nodes:
-            target = node.target
-            if isinstance(target, CallTarget) and target.graph in merged:
-                node.target = (RepeatTarget(keep, target.count) if isinstance(target, RepeatTarget)
-                               else CallTarget(keep))
-                node.meta["ipuxl_called_graph"] = keep
+        for node in call_nodes(graph):
+            if callee(node) in merged:
+                node.target = RepeatTarget(keep, repeat_count(node)) if is_repeat(node) else CallTarget(keep)
+                node.meta[CALLED_GRAPH] = keep
     keep.ir.graphs[:] = [g for g in keep.ir.graphs if g not in merged]
     return keep
 
@@ -433,7 +447,7 @@ def _difference(a: Graph, b: Graph, ia: list, ib: list, la: list[str], lb: list[
             f"({len(_ops(a))} vs {len(_ops(b))} ops)")
 
 
-def outline_ir(ir: Any, min_ops: int = 2, graphs: Iterable[Graph] | None = None,
+def outline_ir(ir: "Ir", min_ops: int = 2, graphs: Iterable[Graph] | None = None,
                min_savings: float = MIN_SAVINGS) -> OutlineSummary:
     """Outline repeats inside every graph of ``ir`` (or of ``graphs``)."""
     summary = OutlineSummary(ops_before=_op_instances(ir))
@@ -441,12 +455,11 @@ def outline_ir(ir: Any, min_ops: int = 2, graphs: Iterable[Graph] | None = None,
     for graph in targets:
         for sub in outline_graph(graph, min_ops, min_savings=min_savings):
             summary.graphs.append(sub)
-    summary.call_sites = sum(1 for g in ir.graphs for n in g.fx.nodes
-                             if isinstance(n.target, CallTarget) and n.target.graph in summary.graphs)
+    summary.call_sites = sum(1 for g in ir.graphs for n in call_nodes(g) if callee(n) in summary.graphs)
     summary.ops_after = _op_instances(ir)
     return summary
 
 
-def _op_instances(ir: Any) -> int:
+def _op_instances(ir: "Ir") -> int:
     """Ops in compiled code: each graph counted once."""
     return sum(len(_ops(g)) for g in ir.graphs)

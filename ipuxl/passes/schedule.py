@@ -33,8 +33,9 @@ from typing import TYPE_CHECKING, Sequence
 import torch.fx as fx
 
 from ipuxl.errors import PassError
+from ipuxl.ir.aliases import storage_owner
 from ipuxl.passes.inplace_order import side_effect_constraints
-from ipuxl.passes.liveness import live_profile, node_bytes, storage_root
+from ipuxl.passes.liveness import live_profile, node_bytes
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
@@ -103,11 +104,11 @@ class _Liveness:
 
     def __init__(self, graph: "Graph", ops: list[fx.Node]):
         self.size = {n: node_bytes(n) for n in ops}
-        self.outputs = {storage_root(t.node) for t in graph.outputs}
+        self.outputs = {storage_owner(t.node) for t in graph.outputs}
         self.roots: dict[fx.Node, set[fx.Node]] = {}  # op -> allocating storages it reads
         self.readers: dict[fx.Node, int] = {}  # storage -> number of unscheduled readers
         for node in ops:
-            roots = {storage_root(a) for a in node.all_input_nodes}
+            roots = {storage_owner(a) for a in node.all_input_nodes}
             roots = {r for r in roots if self.size.get(r) and r not in self.outputs}
             self.roots[node] = roots
             for r in roots:

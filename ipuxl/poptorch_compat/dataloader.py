@@ -50,7 +50,7 @@ import queue
 import threading
 import warnings
 import weakref
-from typing import Any, Iterator
+from typing import Any, Iterator, Sized, TypeGuard, cast
 
 import torch
 import torch.utils.data
@@ -90,7 +90,7 @@ def _type_name(value: object) -> str:
     return type(value).__name__
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[numbers.Integral]:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
@@ -190,7 +190,7 @@ class DataLoader(torch.utils.data.DataLoader):
         if loader_batch_size is None:
             # No batching: drop_last has nothing to drop (torch refuses the pair).
             drop_last = False
-        elif not isinstance(dataset, torch.utils.data.IterableDataset):
+        elif self._combined_batch_size is not None and not isinstance(dataset, torch.utils.data.IterableDataset):
             _warn_if_partial_last_batch(self._shard if self._shard is not None else dataset,
                                         self._combined_batch_size, self._requested_drop_last)
 
@@ -198,7 +198,7 @@ class DataLoader(torch.utils.data.DataLoader):
                          drop_last=drop_last, persistent_workers=persistent_workers, **kwargs)
         # As upstream: the batches are sized from these options, so they must not change.
         # (Frozen only once everything was accepted, so a refused call leaves them as they were.)
-        options._freeze()
+        options.freeze()
 
     # -- upstream's attributes -----------------------------------------------------
     @property
@@ -224,11 +224,13 @@ class DataLoader(torch.utils.data.DataLoader):
     def __len__(self) -> int:
         if self._rebatched_size is None:
             return super().__len__()
-        num_samples = len(self._shard) if self._shard is not None else len(self.dataset)  # type: ignore[arg-type]
+        num_samples = len(self._shard) if self._shard is not None else len(cast(Sized, self.dataset))
         batches, leftover = divmod(num_samples, self._rebatched_size)
         return batches + int(bool(leftover) and not self._requested_drop_last)
 
-    def __iter__(self) -> Iterator[Any]:
+    # torch annotates __iter__ with its private iterator class; the Async modes return a
+    # prefetching iterator of the same batches instead
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if self._mode is DataLoaderMode.Sync:
             return super().__iter__()
         # One epoch at a time: with persistent workers torch reuses one iterator,
@@ -266,7 +268,7 @@ def _check_arguments(options: object, batch_size: object, num_workers: object, m
             raise InvalidArgumentError(
                 f"DataLoader: batch_size must be an int or None, got {batch_size!r} ({_type_name(batch_size)})",
                 where=where, fix="pass the micro-batch size as a whole number, for example batch_size=4")
-        if batch_size < 1:  # type: ignore[operator]
+        if batch_size < 1:
             raise OptionsError(
                 f"DataLoader: batch_size must be >= 1, got {batch_size}",
                 where=where, fix="pass a micro-batch size of at least 1 (or None to disable batching)")
@@ -274,7 +276,7 @@ def _check_arguments(options: object, batch_size: object, num_workers: object, m
         raise InvalidArgumentError(
             f"DataLoader: num_workers must be an int, got {num_workers!r} ({_type_name(num_workers)})",
             where=where, fix="pass num_workers=0 to load in this process, or a number of worker processes")
-    if num_workers < 0:  # type: ignore[operator]
+    if num_workers < 0:
         raise OptionsError(f"DataLoader: num_workers must be >= 0, got {num_workers}",
                            where=where, fix="pass num_workers=0 to load in this process")
     if not isinstance(mode, DataLoaderMode):
@@ -322,17 +324,18 @@ def _check_worker_size(rebatched_worker_size: object, combined_batch_size: int) 
         raise InvalidArgumentError(
             f"DataLoader: rebatched_worker_size must be an int or None, got {rebatched_worker_size!r}",
             where=where, fix="pass a whole number of samples per worker batch")
-    if not 1 <= rebatched_worker_size <= combined_batch_size:  # type: ignore[operator]
+    size = int(rebatched_worker_size)
+    if not 1 <= size <= combined_batch_size:
         raise OptionsError(
             f"DataLoader: rebatched_worker_size ({rebatched_worker_size}) must be between 1 and the "
             f"combined batch size ({combined_batch_size})",
             where=where, fix=f"pass rebatched_worker_size <= {combined_batch_size}, or leave it None")
-    return int(rebatched_worker_size)  # type: ignore[arg-type]
+    return size
 
 
 def _warn_if_partial_last_batch(dataset: object, combined_batch_size: int, drop_last: bool) -> None:
     try:
-        num_samples = len(dataset)  # type: ignore[arg-type]
+        num_samples = len(cast(Sized, dataset))
     except TypeError:  # a map-style dataset without __len__ (torch allows it with a sampler)
         return
     leftover = num_samples % combined_batch_size

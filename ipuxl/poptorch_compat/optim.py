@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -101,8 +101,15 @@ def _check_dtype(name: str, value: Any) -> None:
                      f"pass {name}=torch.float16 or torch.float32")
 
 
-def _check_extras(owner: str, group: dict[str, Any]) -> None:
-    """Validate the PopTorch extras present in ``group`` (a param group or the defaults)."""
+def check_extras(owner: str, group: dict[str, Any]) -> None:
+    """Validate the PopTorch extras present in ``group`` (a param group or the defaults).
+
+    Args:
+        owner: who holds ``group``, to start messages with (``"param group 1"``).
+
+    Raises:
+        InvalidArgumentError: an extra has a value ipuxl does not support.
+    """
     if "loss_scaling" in group:
         ls = group["loss_scaling"]
         if isinstance(ls, bool) or not isinstance(ls, (int, float)) or not math.isfinite(ls) or ls <= 0:
@@ -135,14 +142,20 @@ def _check_extras(owner: str, group: dict[str, Any]) -> None:
                          "pass a positive float, float('inf') for no clipping, or None for PopTorch's 65500")
 
 
-class _Extras:
+if TYPE_CHECKING:  # the mixin always comes before a torch optimiser in the bases: type it as one
+    _MixinBase = torch.optim.Optimizer
+else:
+    _MixinBase = object
+
+
+class _Extras(_MixinBase):
     """Mixin: PopTorch extras recorded in ``defaults`` and in every param group."""
 
     _rule: str = ""
-    _torch_base: type | None = None
+    _torch_base: type[torch.optim.Optimizer] | None = None
 
     def _set_extras(self, extras: dict[str, Any]) -> None:
-        _check_extras(type(self).__name__, extras)
+        check_extras(type(self).__name__, extras)
         self._ipuxl_extras = dict(extras)
 
     def _finish_extras(self) -> None:
@@ -153,7 +166,7 @@ class _Extras:
             if key == "max_weight_norm" and param_group.get(key, 0) is None:
                 param_group[key] = LAMB_MAX_WEIGHT_NORM  # PopTorch: None means the float16 maximum
             param_group.setdefault(key, value)
-        _check_extras(f"{type(self).__name__} param group {len(getattr(self, 'param_groups', []))}", param_group)
+        check_extras(f"{type(self).__name__} param group {len(getattr(self, 'param_groups', []))}", param_group)
         super().add_param_group(param_group)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -184,7 +197,7 @@ class _Extras:
                 p.grad = None
             try:
                 if self._torch_base is not None:
-                    _parent_step(self._torch_base)(self)
+                    unwrapped_step(self._torch_base)(self)
             finally:
                 for _, p, grad in own:
                     p.grad = grad
@@ -194,9 +207,10 @@ class _Extras:
         return loss
 
 
-def _parent_step(cls: type) -> Callable[..., Any]:
-    """``cls.step`` without torch's profiling/hook wrapper (our own step already runs the hooks)."""
-    fn = cls.step
+def unwrapped_step(cls: type[torch.optim.Optimizer]) -> Callable[..., Any]:
+    """``cls.step`` without torch's profiling/hook wrapper (``_Extras.step`` already runs
+    the hooks; ``translate`` compares the steps of two classes)."""
+    fn: Any = cls.step
     while getattr(fn, "hooked", False) and hasattr(fn, "__wrapped__"):
         fn = fn.__wrapped__
     return fn
@@ -205,7 +219,7 @@ def _parent_step(cls: type) -> Callable[..., Any]:
 @contextmanager
 def _unscaled_grads(groups: Iterable[dict[str, Any]]) -> Iterator[None]:
     """Temporarily replace ``p.grad`` by ``p.grad / loss_scaling`` in groups that scale the loss."""
-    saved = []
+    saved: list[tuple[torch.Tensor, torch.Tensor]] = []
     try:
         with torch.no_grad():
             _scale_grads(groups, saved)
@@ -215,7 +229,7 @@ def _unscaled_grads(groups: Iterable[dict[str, Any]]) -> Iterator[None]:
             p.grad = grad
 
 
-def _scale_grads(groups: Iterable[dict[str, Any]], saved: list) -> None:
+def _scale_grads(groups: Iterable[dict[str, Any]], saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     for group in groups:
         ls = group.get("loss_scaling", 1.0)
         if ls == 1.0:

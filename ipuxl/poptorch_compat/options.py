@@ -16,7 +16,7 @@ of ``python/enums.py``) for the options ipuxl implements:
 * ``randomSeed(seed)`` also seeds torch's host RNG (``torch.manual_seed``), as
   upstream does, so host-side shuffling is reproducible too;
 * options freeze once a model is compiled with them (the compiler calls
-  ``_freeze()``; ``ipuxl.DataLoader`` freezes them too, as upstream's does);
+  ``freeze()``, upstream ``_freeze()``; ``ipuxl.DataLoader`` freezes them too, as upstream's does);
   changing frozen options raises :class:`~ipuxl.errors.FrozenOptionsError`, and
   ``clone()`` returns an unfrozen deep copy.
 
@@ -42,7 +42,7 @@ import enum
 import numbers
 import os
 import warnings
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -290,7 +290,7 @@ class Options(_OptionGroup):
     64
 
     Setters validate their argument and return ``self`` so that calls chain. The
-    compiler reads the snake_case properties and calls ``_freeze()``; after that any
+    compiler reads the snake_case properties and calls ``freeze()``; after that any
     setter raises :class:`~ipuxl.errors.FrozenOptionsError` (use :meth:`clone`).
     """
 
@@ -311,9 +311,12 @@ class Options(_OptionGroup):
     def _is_frozen_now(self) -> bool:
         return self._frozen
 
-    def _freeze(self) -> None:
-        """Forbid further changes (called when a model is compiled with these options)."""
+    def freeze(self) -> None:
+        """Forbid further changes (called when a model is compiled with these options, or a
+        ``DataLoader`` built)."""
         self._frozen = True
+
+    _freeze = freeze  # upstream's (private) spelling, which code written for PopTorch calls
 
     def _unfreeze(self) -> None:
         """Allow changes again (upstream's private counterpart of ``_freeze``)."""
@@ -498,7 +501,7 @@ class Options(_OptionGroup):
         return self._static_shapes
 
     @property
-    def device_type(self) -> str:
+    def device_type(self) -> Literal["ipu_model", "ipu_hw"]:
         """``"ipu_model"`` after ``useIpuModel(True)``, else ``"ipu_hw"``."""
         return "ipu_model" if self._use_ipu_model else "ipu_hw"
 

@@ -27,17 +27,19 @@ import torch
 
 from ipuxl.errors import InvalidArgumentError
 from ipuxl.ir.context import user_source_line
-from ipuxl.poptorch_compat import optim as torch_style
 from ipuxl.optim.rules import StateSpec, state_specs
-from ipuxl.poptorch_compat.optim import LAMB_MAX_WEIGHT_NORM, TORCH_STATE_NAMES, explicit_state_dtypes, scalar_dtype
+from ipuxl.poptorch_compat import optim as poptorch_optim
+from ipuxl.poptorch_compat.optim import (
+    LAMB_MAX_WEIGHT_NORM, TORCH_STATE_NAMES, check_extras, explicit_state_dtypes, scalar_dtype, unwrapped_step,
+)
 
 __all__ = ["ParamPlan", "translate", "initial_state", "write_state", "SUPPORTED"]
 
 # supported optimiser class -> rule (the most derived match wins; see _rule_of)
 SUPPORTED: dict[type, str] = {
     torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adam", torch.optim.RMSprop: "rmsprop",
-    torch_style.SGD: "sgd", torch_style.Adam: "adam", torch_style.AdamW: "adam", torch_style.RMSprop: "rmsprop",
-    torch_style.LAMB: "lamb",
+    poptorch_optim.SGD: "sgd", poptorch_optim.Adam: "adam", poptorch_optim.AdamW: "adam",
+    poptorch_optim.RMSprop: "rmsprop", poptorch_optim.LAMB: "lamb",
 }
 _HYPERS = {"sgd": ("lr", "momentum", "dampening", "weight_decay"),
            "adam": ("lr", "beta1", "beta2", "eps", "weight_decay"),
@@ -117,20 +119,13 @@ def _rule_of(optimizer: Any) -> str:
     cls = type(optimizer)
     for base in cls.__mro__:
         if base in SUPPORTED:
-            if _own_step(cls) is _own_step(base):
+            if unwrapped_step(cls) is unwrapped_step(base):
                 return SUPPORTED[base]
             raise _error(f"cannot translate a {cls.__module__}.{cls.__qualname__}: it subclasses "
                          f"{base.__module__}.{base.__qualname__} but overrides step(), so its update is unknown",
                          f"use one of the supported optimisers: {_supported_list()}")
     raise _error(f"cannot translate a {cls.__module__}.{cls.__qualname__} optimiser: not supported",
                  f"use one of the supported optimisers: {_supported_list()}")
-
-
-def _own_step(cls: type) -> Any:
-    fn = cls.step
-    while getattr(fn, "hooked", False) and hasattr(fn, "__wrapped__"):  # torch's profiling wrapper
-        fn = fn.__wrapped__
-    return fn
 
 
 def _hyper(group: dict[str, Any], gi: int, key: str, value: Any) -> float:
@@ -150,8 +145,9 @@ def _group_plan(optimizer: Any, rule: str, group: dict[str, Any], gi: int) -> tu
         if group.get(key, False):
             raise _error(f"param group {gi}: {key}=True is not supported by ipuxl's optimisers",
                          f"construct the optimiser with {key}=False")
-    torch_style._check_extras(f"param group {gi}", group)
-    g = {k: group[k] for k in ("lr", "momentum", "dampening", "weight_decay", "eps", "alpha") if k in group}
+    check_extras(f"param group {gi}", group)
+    g: dict[str, Any] = {k: group[k] for k in ("lr", "momentum", "dampening", "weight_decay", "eps", "alpha")
+                         if k in group}
     if "betas" in group:
         beta1, beta2 = group["betas"]
         g.update(beta1=beta1, beta2=beta2)
@@ -243,16 +239,16 @@ def initial_state(optimizer: torch.optim.Optimizer, param: torch.Tensor, plan: P
             value = 1.0 if torch_state.get("momentum_buffer") is not None else 0.0
             out[name] = torch.tensor(value, dtype=spec.dtype)
             continue
-        value = torch_state.get(TORCH_STATE_NAMES[name])
-        if value is None:
+        held = torch_state.get(TORCH_STATE_NAMES[name])
+        if held is None:
             out[name] = torch.zeros(spec.shape, dtype=spec.dtype)
             continue
-        value = torch.as_tensor(value).detach()
-        if tuple(value.shape) != tuple(spec.shape):
+        tensor = torch.as_tensor(held).detach()
+        if tuple(tensor.shape) != tuple(spec.shape):
             raise _error(f"optimizer state '{TORCH_STATE_NAMES[name]}' of parameter '{plan.name}' has shape "
-                         f"{tuple(value.shape)}, expected {tuple(spec.shape)}",
+                         f"{tuple(tensor.shape)}, expected {tuple(spec.shape)}",
                          "load a state dict that matches the model")
-        out[name] = value.to(device="cpu", dtype=spec.dtype, copy=True)
+        out[name] = tensor.to(device="cpu", dtype=spec.dtype, copy=True)
     return out
 
 

@@ -32,20 +32,38 @@ sends the loaded state before the next run (``install_optimizer_hooks``).
 """
 from __future__ import annotations
 
-import copyreg
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 import torch
+
+from ipuxl.dtypes import dtype_name
+from ipuxl.errors import InvalidArgumentError
+from ipuxl.ir.context import user_source_line
 
 if TYPE_CHECKING:
     from ipuxl.device.session import Session
     from ipuxl.ir.tensor import Variable
 
-__all__ = ["Slot", "HostSlots", "named_tensors", "to_numpy", "install_sync_hooks", "remove_sync_hooks",
+__all__ = ["Slot", "HostSlots", "SyncTarget", "named_tensors", "to_numpy", "install_sync_hooks", "remove_sync_hooks",
            "install_optimizer_hooks"]
+
+_EXECUTORS = "_ipuxl_executors"  # the attribute of a synced module holding its SyncTargets (weakly)
+
+
+class SyncTarget(Protocol):
+    """What the hooks installed here call: ``weight_sync.WeightSync``."""
+
+    def pull_weights_if_newer(self) -> None:
+        """Before the host module is read: copy newer device weights back."""
+
+    def pull_state_if_newer(self) -> None:
+        """Before ``optimizer.state_dict()``: the device's optimiser state."""
+
+    def optimizer_loaded(self) -> None:
+        """``optimizer.load_state_dict`` ran: its state wins over the device's."""
 
 
 def named_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -55,6 +73,7 @@ def named_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A copy of ``t``'s data as a numpy array (bfloat16, which numpy lacks, as float32)."""
     t = t.detach().cpu()
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy().copy()
 
@@ -64,7 +83,9 @@ def _owner(model: torch.nn.Module, name: str) -> tuple[dict[str, Any], str]:
     *path, key = name.split(".")
     module = model
     for part in path:
-        module = module._modules[part]
+        child = module._modules[part]
+        assert child is not None, name
+        module = child
     return (module._parameters if key in module._parameters else module._buffers), key
 
 
@@ -169,10 +190,6 @@ def _compatible(slot: Slot, tensor: torch.Tensor, refuse: bool) -> bool:
     if tuple(tensor.shape) == tuple(var.shape) and tensor.dtype == var.dtype:
         return True
     if refuse:
-        from ipuxl.dtypes import dtype_name
-        from ipuxl.errors import InvalidArgumentError
-        from ipuxl.ir.context import user_source_line
-
         raise InvalidArgumentError(
             f"'{slot.name}' of the wrapped module is now {tuple(tensor.shape)} {dtype_name(tensor.dtype)}; "
             f"the compiled program holds it as {tuple(var.shape)} {dtype_name(var.dtype)}",
@@ -195,32 +212,35 @@ def _bindable(host: torch.Tensor, var: "Variable", device: torch.device) -> bool
 
 # -- reads of the host module pull newer device weights ----------------------------------------
 _SYNCED_CLASSES: dict[type, type] = {}
+_SYNCED = "_ipuxl_synced"  # a class attribute: True on the classes made by _synced_class
 
 
-def install_sync_hooks(model: torch.nn.Module, executor: Any) -> None:
-    """Make every submodule pull newer device weights before its tensors are read.
+def install_sync_hooks(model: torch.nn.Module, target: SyncTarget) -> None:
+    """Make every submodule pull newer device weights (``target.pull_weights_if_newer``)
+    before its tensors are read.
 
-    Modules hold their executors weakly: a dropped wrapper is released."""
+    Modules hold their targets weakly: a dropped wrapper is released."""
     for module in torch.nn.Module.modules(model):
         cls = type(module)
-        if not getattr(cls, "_ipuxl_synced", False):
+        if not getattr(cls, _SYNCED, False):
             module.__class__ = _synced_class(cls)
-        executors = module.__dict__.get("_ipuxl_executors")
-        if executors is None:
-            executors = module.__dict__["_ipuxl_executors"] = weakref.WeakSet()
-        executors.add(executor)
+        targets = module.__dict__.get(_EXECUTORS)
+        if targets is None:
+            targets = module.__dict__[_EXECUTORS] = weakref.WeakSet()
+        targets.add(target)
 
 
-def remove_sync_hooks(model: torch.nn.Module, executor: Any) -> None:
+def remove_sync_hooks(model: torch.nn.Module, target: SyncTarget) -> None:
+    """Undo ``install_sync_hooks`` for ``target`` (the module classes stay synced: harmless)."""
     for module in torch.nn.Module.modules(model):
-        module.__dict__.get("_ipuxl_executors", weakref.WeakSet()).discard(executor)
+        module.__dict__.get(_EXECUTORS, weakref.WeakSet()).discard(target)
 
 
 def _pull(module: torch.nn.Module) -> None:
-    executors = module.__dict__.get("_ipuxl_executors")
-    if executors:
-        for executor in list(executors):
-            executor._pull_weights_if_newer()
+    targets = module.__dict__.get(_EXECUTORS)
+    if targets:
+        for target in list(targets):
+            target.pull_weights_if_newer()
 
 
 def _synced_class(cls: type) -> type:
@@ -243,12 +263,13 @@ def _synced_class(cls: type) -> type:
     def __reduce_ex__(self, protocol):  # noqa: N807 - pickle/deepcopy as the user's own class
         _pull(self)
         state = dict(self.__dict__)
-        state.pop("_ipuxl_executors", None)
-        # rebuilt by the standard library alone: loading never needs ipuxl
-        return copyreg._reconstructor, (cls, object, None), state
+        state.pop(_EXECUTORS, None)
+        # rebuilt by the standard library alone (``object.__new__(cls)``, then the state):
+        # loading never needs ipuxl
+        return object.__new__, (cls,), state
 
     synced = type(cls.__name__, (cls,), {
-        "__getattr__": __getattr__, "__reduce_ex__": __reduce_ex__, "_ipuxl_synced": True,
+        "__getattr__": __getattr__, "__reduce_ex__": __reduce_ex__, _SYNCED: True,
         **{name: pulling(getattr(cls, name)) for name in ("named_parameters", "named_buffers", "state_dict", "_apply")},
         "__module__": cls.__module__, "__qualname__": cls.__qualname__})
     _SYNCED_CLASSES[cls] = synced
@@ -256,21 +277,22 @@ def _synced_class(cls: type) -> type:
 
 
 # -- the torch optimiser's state ---------------------------------------------------------------
-def install_optimizer_hooks(optimizer: torch.optim.Optimizer, executor: Any) -> list[Any]:
-    """``optimizer.state_dict()`` reads the device's optimiser state first;
-    ``optimizer.load_state_dict()`` sends the loaded state before the next run.
+def install_optimizer_hooks(optimizer: torch.optim.Optimizer, target: SyncTarget) -> list[Any]:
+    """``optimizer.state_dict()`` reads the device's optimiser state first
+    (``target.pull_state_if_newer``); ``optimizer.load_state_dict()`` sends the loaded
+    state before the next run (``target.optimizer_loaded``). ``target`` is held weakly.
     Returns the hook handles (``handle.remove()`` undoes them)."""
-    ref = weakref.ref(executor)
+    ref = weakref.ref(target)
 
     def before_state_dict(opt: torch.optim.Optimizer) -> None:
         live = ref()
         if live is not None:
-            live._pull_state_if_newer()
+            live.pull_state_if_newer()
 
     def after_load(opt: torch.optim.Optimizer) -> None:
         live = ref()
         if live is not None:
-            live._optimizer_loaded()
+            live.optimizer_loaded()
 
     return [optimizer.register_state_dict_pre_hook(before_state_dict),
             optimizer.register_load_state_dict_post_hook(after_load)]

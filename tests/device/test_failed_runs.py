@@ -313,3 +313,29 @@ def test_e_finding_the_op_leaves_the_variables_as_the_failed_run_did():
         session.run({a_stream: a, b_stream: a})
         assert_close(session.get_tensor_data(hits), _scalar(4 + 2 * STEPS))
         assert_close(session.get_tensor_data(acc), acc_1 + 2 * sum(TABLE[i].sum(0) for i in a))
+
+
+def test_e_a_failure_inside_a_repeated_graph_names_the_op_in_its_body():
+    """The loop body is run node by node too: the error names the body's op, not the repeat."""
+    ir = ipuxl.Ir()
+    ir.num_host_transfers = STEPS
+    with ir.main_graph:
+        idx_stream = ipuxl.h2d_stream((2,), ipuxl.int32, "idx")
+        table = ipuxl.variable(TABLE, F32, name="table")
+        acc = ipuxl.variable(np.zeros(2, np.float32), F32, name="acc")
+
+        def body(total, t, idx):
+            return total + ops.sum(ops.gather(t, idx), 0)  # <- the loop body's gather
+
+        graph = ir.create_graph(body, ipuxl.TensorSpec((2,), F32), table, ipuxl.TensorSpec((2,), ipuxl.int32))
+        total, = ops.repeat(graph, 2, ipuxl.constant(np.zeros(2, np.float32)), table, ops.host_load(idx_stream))
+        ops.var_updates.accumulate_(acc, total)
+    with ipuxl.Session(ir, "cpu") as session:
+        with pytest.raises(DeviceError) as info:
+            session.run({idx_stream: BAD_IN_STEP_2})
+        err = info.value
+        assert (err.steps_applied, err.step, err.failed_op) == (1, 2, "gather")
+        _assert_source(err.source, "# <- the loop body's gather", "body")
+        assert f"graph '{graph.name}' (called from the main program)" in err.where
+        assert "stream 'idx' (step 2 has values 0 to 9)" in str(err)
+        assert_close(session.get_tensor_data(acc), 2 * TABLE[BAD_IN_STEP_2[0]].sum(0))

@@ -596,3 +596,25 @@ def test_storage_given_to_the_session_is_the_variables_device_storage():
         ipuxl.Session(ir, "cpu", storage={acc: torch.zeros(2, dtype=torch.float64)})
     with pytest.raises(ipuxl.errors.InvalidArgumentError, match="not contiguous"):
         ipuxl.Session(ir, "cpu", storage={acc: torch.zeros(2, 2)[:, 0]})
+
+
+def test_what_the_session_compiled_is_readable():
+    """``num_host_transfers``, ``local_replicas``, ``programs``, ``compiled_graph`` and
+    ``steps_completed`` describe what the session compiled and ran (read-only)."""
+    ir, x_stream, _, _, _ = _accumulator(num_host_transfers=3)
+    with ir.main_graph:
+        double = ir.create_graph(lambda x: x * 2.0, ipuxl.TensorSpec((2,), F32))
+        once = ir.create_graph(lambda x: x + 1.0, ipuxl.TensorSpec((2,), F32))
+        for _ in range(2):
+            ops.call(double, _ones((2,)))
+        ops.call(once, _ones((2,)))
+    with ipuxl.Session(ir, "cpu") as session:
+        assert (session.num_host_transfers, session.local_replicas, session.steps_completed) == (3, [0], (0,))
+        session.run({x_stream: np.ones((3, 2), np.float32)})
+        assert session.steps_completed == (3,)
+        assert len(session.programs) == 1 and session.programs[0].code == session.code
+        compiled = session.compiled_graph(double)
+        assert compiled is not None and session.code.count(f"{compiled.call.__name__}(") == 2  # both sites call it
+        assert session.compiled_graph(once) is None  # one call site: inlined into the main program
+        ir.num_host_transfers = 5
+        assert session.num_host_transfers == 3  # what was compiled, not the IR's new setting

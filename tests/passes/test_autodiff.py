@@ -11,6 +11,7 @@ import ipuxl
 import ipuxl.ops as ops
 from ipuxl import transforms
 from ipuxl.errors import AutodiffError
+from ipuxl.ir.verify import verify_ir
 
 F64 = ipuxl.float64
 
@@ -25,6 +26,7 @@ def _run_grads(fn, inputs: list[np.ndarray], dy: np.ndarray, grads_required_idx=
         call_info = ops.call_with_info(graph, *loaded)
         required = None if grads_required_idx is None else [graph.inputs[i] for i in grads_required_idx]
         info = transforms.autodiff(graph, grads_required=required)
+        verify_ir(ir)
         dy_stream = ipuxl.h2d_stream(dy.shape, F64, "dy")
         grads = ops.call(info.graph, ops.host_load(dy_stream), inputs_dict=info.inputs_dict(call_info))
         out = call_info.outputs[0]
@@ -34,6 +36,7 @@ def _run_grads(fn, inputs: list[np.ndarray], dy: np.ndarray, grads_required_idx=
         for i, g in enumerate(grads):
             grad_streams.append(ipuxl.d2h_stream(g.shape, g.dtype, f"grad{i}"))
             ops.host_store(grad_streams[-1], g)
+    verify_ir(ir)
     feeds = dict(zip(streams, inputs))
     feeds[dy_stream] = dy
     with ipuxl.Session(ir, "cpu") as session:
@@ -118,6 +121,7 @@ def test_graph_called_from_two_sites_differentiates_each_call():
         call_a = ops.call_with_info(graph, xa, weight)
         call_b = ops.call_with_info(graph, xb, weight)
         info = transforms.autodiff(graph)
+        verify_ir(ir)
         seed = ipuxl.constant(dy, F64)
         grads_a = ops.call_with_info(info.graph, seed, inputs_dict=info.inputs_dict(call_a))
         grads_b = ops.call_with_info(info.graph, seed, inputs_dict=info.inputs_dict(call_b))
@@ -127,6 +131,7 @@ def test_graph_called_from_two_sites_differentiates_each_call():
         streams = {k: ipuxl.d2h_stream(t.shape, t.dtype, k) for k, t in wanted.items()}
         for k, t in wanted.items():
             ops.host_store(streams[k], t)
+    verify_ir(ir)
     with ipuxl.Session(ir, "cpu") as session:
         results = session.run({sa: a, sb: b})
     for x_np, gx, gw in [(a, "ga", "gwa"), (b, "gb", "gwb")]:
@@ -153,6 +158,7 @@ def test_backward_does_not_recompute_the_forward():
                                              for s in [(5, 6), (6, 4), (4,), (4, 3), (3,)]])
         n_outputs_before = len(graph.outputs)
         info = transforms.autodiff(graph)
+    verify_ir(ir)
     backward = _ops_of(info.graph)
     # Forward ops of the MLP: 2 matmuls, gelu, tanh, softmax. The backward may use
     # matmuls for the 4 weight/input gradients but none of the forward activations.

@@ -10,6 +10,7 @@ import ipuxl
 import ipuxl.ops as ops
 from ipuxl import transforms
 from ipuxl.ir.calls import CallTarget, RepeatTarget
+from ipuxl.ir.verify import verify_ir
 
 F64 = ipuxl.float64
 DEPTH = 4
@@ -52,6 +53,7 @@ def _build(rng, repeat_body: bool = False):
         fwd = ir.create_graph(net, loaded, *flat)
         call_info = ops.call_with_info(fwd, loaded, *flat)
         infos = transforms.autodiff(fwd, return_all_grad_graphs=True)
+        verify_ir(ir)
         info = infos[fwd]
         grads = ops.call(info.graph, ipuxl.constant(dy, F64), inputs_dict=info.inputs_dict(call_info))
         streams = [ipuxl.d2h_stream(g.shape, g.dtype, f"g{i}") for i, g in enumerate(grads)]
@@ -59,6 +61,7 @@ def _build(rng, repeat_body: bool = False):
         ops.host_store(out, call_info.outputs[0])
         for s, g in zip(streams, grads):
             ops.host_store(s, g)
+    verify_ir(ir)
     with ipuxl.Session(ir, "cpu") as session:
         results = session.run({xs: x})
     # eager
@@ -102,10 +105,12 @@ def test_loop_body_is_traced_through():
         fwd = ir.create_graph(lambda h, w: ops.repeat(body, 3, h, w)[0], loaded, weight)
         call_info = ops.call_with_info(fwd, loaded, weight)
         info = transforms.autodiff(fwd)
+        verify_ir(ir)
         grads = ops.call(info.graph, ipuxl.constant(dy, F64), inputs_dict=info.inputs_dict(call_info))
         streams = [ipuxl.d2h_stream(g.shape, g.dtype, f"g{i}") for i, g in enumerate(grads)]
         for s, g in zip(streams, grads):
             ops.host_store(s, g)
+    verify_ir(ir)
     with ipuxl.Session(ir, "cpu") as session:
         results = session.run({xs: x})
     xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
@@ -149,11 +154,13 @@ def test_ops_between_calls_fan_out_and_several_outputs():
         fwd = ir.create_graph(lambda x, w, b: _mixed_ipuxl(block, x, w, b), loaded, wv, bv)
         call_info = ops.call_with_info(fwd, loaded, wv, bv)
         info = transforms.autodiff(fwd, grads_required=[fwd.inputs[0], fwd.inputs[1]])  # not b
+        verify_ir(ir)
         grads = ops.call(info.graph, ipuxl.constant(dy0, F64), ipuxl.constant(dy1, F64),
                          inputs_dict=info.inputs_dict(call_info))
         streams = [ipuxl.d2h_stream(g.shape, g.dtype, f"g{i}") for i, g in enumerate(grads)]
         for s, g in zip(streams, grads):
             ops.host_store(s, g)
+    verify_ir(ir)
     with ipuxl.Session(ir, "cpu") as session:
         results = session.run({xs: x})
     xt, wt, bt = (torch.tensor(a, requires_grad=True) for a in (x, w, b))

@@ -8,6 +8,7 @@ import ipuxl
 import ipuxl.ops as ops
 from ipuxl.errors import OutlineError
 from ipuxl.ir.calls import CallTarget
+from ipuxl.ir.verify import verify_ir
 from ipuxl.passes.outline import deduplicate, outline_graph, outline_ir
 
 F32 = ipuxl.float32
@@ -59,6 +60,7 @@ def test_repeated_blocks_become_one_graph_and_results_are_bitwise_unchanged(bloc
     ir, x_s, y_s, weights = _residual_mlp(blocks)
     inlined = _code_ops(ir)
     made = outline_graph(ir.main_graph)
+    verify_ir(ir)
     assert len(made) == 1
     block = made[0]
     assert len(_ops(block)) == 4  # matmul, add, gelu, add
@@ -75,6 +77,7 @@ def test_in_place_updates_in_blocks_reach_the_callers_variables():
     y_ref, w_ref = _run(*_residual_mlp(6, with_update=True), data, runs=3)
     ir, x_s, y_s, weights = _residual_mlp(6, with_update=True)
     (block,) = outline_graph(ir.main_graph)
+    verify_ir(ir)
     assert any(t.node.meta.get("ipuxl_by_ref") for t in block.inputs)
     y, w = _run(ir, x_s, y_s, weights, data, runs=3)
     np.testing.assert_array_equal(y, y_ref)
@@ -91,6 +94,7 @@ def test_nothing_to_outline_leaves_the_graph_alone():
         ops.host_store(ipuxl.d2h_stream(y.shape, y.dtype, "y"), ops.log(y))
     before = [n.name for n in ir.main_graph.fx.nodes]
     assert outline_graph(ir.main_graph) == []
+    verify_ir(ir)
     assert [n.name for n in ir.main_graph.fx.nodes] == before
 
 
@@ -103,6 +107,7 @@ def test_blocks_that_differ_in_shape_are_not_merged():
             x = ops.gelu(x @ w) * 0.5
         ops.host_store(ipuxl.d2h_stream(x.shape, x.dtype, "y"), x)
     summary = outline_ir(ir, min_savings=0)
+    verify_ir(ir)
     assert len(summary.graphs) == 2
     for graph in summary.graphs:
         shapes = {tuple(n.meta["val"].shape) for n in _ops(graph)}
@@ -135,6 +140,7 @@ def test_deduplicate_merges_identical_graphs():
         expected = s.run({x_s: data})[y_s]
     ir, x_s, y_s, graphs = _per_block_graphs([4, 4, 4])
     kept = deduplicate(graphs)
+    verify_ir(ir)
     assert kept is graphs[0] and graphs[1] not in ir.graphs
     called = [n.target.graph for n in ir.main_graph.fx.nodes if isinstance(n.target, CallTarget)]
     assert called == [kept] * 3
@@ -165,3 +171,4 @@ def test_small_repeats_stay_inline_by_default():
         ops.host_store(ipuxl.d2h_stream(x.shape, x.dtype, "y"), x)
     assert outline_graph(ir.main_graph) == []
     assert len(outline_graph(ir.main_graph, min_savings=0)) == 1
+    verify_ir(ir)

@@ -178,7 +178,7 @@ def test_each_kind_of_block_is_traced_once_whatever_the_depth(discovery, monkeyp
     import ipuxl.capture.trace as trace_mod
 
     if not discovery:  # what happens when the model cannot run on meta tensors
-        monkeypatch.setattr(trace_mod, "_discover_blocks", lambda *args: None)
+        monkeypatch.setattr(trace_mod, "discover_blocks", lambda *args: None)
     traced_modules = []
     real_trace = trace_mod._trace
     monkeypatch.setattr(trace_mod, "_trace", lambda module, *a, **k: traced_modules.append(type(module).__name__)

@@ -5,9 +5,12 @@ import threading
 
 import numpy as np
 import pytest
+import torch
+from torch.testing import assert_close
 
 import ipuxl
 import ipuxl.ops as ops
+from ipuxl.kernels import collectives as kernels
 from ipuxl.errors import DeviceError, InvalidArgumentError, ReplicationError, ShapeMismatchError, StreamInputError
 
 F32 = ipuxl.float32
@@ -284,3 +287,24 @@ def test_autodiff_through_a_collective_is_refused_with_the_pattern_to_use():
         outer = ir.create_graph(lambda t: ops.call(inner, t * 2.0)[0], x)
         with pytest.raises(AutodiffError, match=r"(?s)contains replicated_all_reduce.*all-reduce its gradients"):
             transforms.autodiff(outer)
+
+
+class _Scaled:
+    """An exchange of 4 replicas where replica ``r`` contributes ``tensor * (r + 1)``."""
+
+    replication_factor = 4
+
+    def exchange(self, replica, tensor, combine):
+        return combine([tensor * (r + 1) for r in range(4)], [replica])[0]
+
+
+def test_collective_kernels_meet_through_the_exchange_the_device_installs():
+    """The kernels know no device: outside any replica a collective acts on the one tensor;
+    under ``running_as`` it combines what the installed exchange gathers."""
+    x = torch.tensor([1.0, 2.0])
+    assert_close(kernels.all_reduce(x, "add", 1, 1), x)
+    with kernels.running_as(_Scaled(), 2):
+        assert kernels.current_replica()[1] == 2
+        assert_close(kernels.all_reduce(x, "add", 1, 4), x * 10)
+        assert_close(kernels.all_gather(x, 0, "new_axis", 2, 2), torch.stack([x, x * 3]))  # group [0, 2]
+    assert kernels.current_replica() == (None, 0)

@@ -1,0 +1,171 @@
+"""Randomness in a captured module: a pure function of a seed input, as in PopXL.
+
+While a module is traced, ``F.dropout`` (and ``dropout1d/2d/3d``, and the attention
+dropout of ``F.scaled_dot_product_attention``, which then runs as its math) is
+replaced by a mask from the seeded ``ipuxl::dropout_mask`` op, the k-th dropout of
+the module getting seed ``modify_seed(seed, k)`` (``DropoutMode``). Other random
+ops are refused (``random_op`` finds them): they would draw from torch's global
+generator and not be reproducible under ``Options.randomSeed``.
+
+The seed is a graph input of shape ``SEED_SHAPE`` (two non-negative 31-bit words,
+``seed_words``); a training step derives one seed per micro-batch from it
+(``step_seeds``). ``DropoutReplay`` runs eager PyTorch with the same masks.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+import ipuxl.ops.random  # noqa: F401  (registers the ipuxl::* random custom ops)
+
+__all__ = ["SEED_SHAPE", "SEED_DTYPE", "seed_words", "step_seeds", "DropoutMode", "DropoutReplay", "random_op"]
+
+SEED_SHAPE: tuple[int, ...] = (2,)
+SEED_DTYPE = torch.int64
+
+# each dropout function and how many trailing (feature) dimensions share one mask value
+_DROPOUTS: dict[Callable, int] = {F.dropout: 0, F.dropout1d: 1, F.dropout2d: 2, F.dropout3d: 3}
+_RANDOM_OPS = ("rand", "randn", "randint", "randperm", "bernoulli", "normal", "uniform", "multinomial",
+               "exponential", "geometric", "cauchy", "log_normal", "native_dropout", "poisson", "rrelu")
+_ATTENTION_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_ATTENTION_DEFAULTS = (None, None, None, None, 0.0, False, None, False)
+
+
+def seed_words(random_seed: int) -> np.ndarray:
+    """The device seed (two non-negative 31-bit words) for ``Options.randomSeed(random_seed)``."""
+    return np.asarray([random_seed & 0x7FFFFFFF, (random_seed >> 31) & 0x7FFFFFFF], np.int64)
+
+
+def step_seeds(seed: torch.Tensor, micro_batches: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One training step's seed schedule: ``(next step's seed, one seed per micro-batch)``.
+
+    The device program runs the same ops (``ops.split_random_seed``) on its seed
+    variable; ``DropoutReplay`` runs them eagerly.
+    """
+    following, this_step = (torch.ops.ipuxl.modify_seed(seed, i) for i in range(2))
+    if micro_batches == 1:
+        return following, [this_step]
+    return following, [torch.ops.ipuxl.modify_seed(this_step, i) for i in range(micro_batches)]
+
+
+class DropoutMode(TorchFunctionMode):
+    """Runs every dropout with a mask drawn from ``seed`` (see the module docstring).
+
+    Attributes:
+        seed: the seed tensor the masks derive from.
+        n_dropouts: dropouts drawn so far; the next one uses ``modify_seed(seed, n_dropouts + 1)``.
+    """
+
+    def __init__(self, seed: torch.Tensor):
+        super().__init__()
+        self.seed = seed
+        self.n_dropouts = 0
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        return self.call(func, args, kwargs or {})
+
+    def call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        """``func(*args, **kwargs)`` with its dropouts seeded."""
+        if func in _DROPOUTS:
+            return self._dropout(func, args, kwargs)
+        if func is F.scaled_dot_product_attention:
+            return self._attention(func, args, kwargs)
+        if func is F.multi_head_attention_forward:  # its attention dropout is a nested call: route it here
+            sdpa = F.scaled_dot_product_attention
+            F.scaled_dot_product_attention = lambda *a, **k: self._attention(sdpa, a, k)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                F.scaled_dot_product_attention = sdpa
+        return func(*args, **kwargs)
+
+    def skip_dropouts(self, count: int) -> torch.Tensor:
+        """The seed of a called block that draws ``count`` dropouts: this mode's seed shifted
+        past the dropouts drawn so far (``ops.random.offset_seed``); its dropouts count as drawn."""
+        seed = torch.ops.ipuxl.offset_seed(self.seed, self.n_dropouts)
+        self.n_dropouts += count
+        return seed
+
+    def _attention(self, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
+        """``F.scaled_dot_product_attention`` with dropout: its math, with the mask drawn by
+        ``_dropout`` (seeded) instead of the fused kernel's own generator."""
+        a: dict[str, Any] = dict(zip(_ATTENTION_ARGS, _ATTENTION_DEFAULTS))
+        a.update(zip(_ATTENTION_ARGS, args))
+        a.update(kwargs)
+        if not a["dropout_p"]:
+            return func(*args, **kwargs)
+        q: torch.Tensor = a["query"]
+        k: torch.Tensor = a["key"]
+        v: torch.Tensor = a["value"]
+        if a["enable_gqa"] and k.size(-3) != q.size(-3):
+            k = k.repeat_interleave(q.size(-3) // k.size(-3), dim=-3)
+            v = v.repeat_interleave(q.size(-3) // v.size(-3), dim=-3)
+        scale = a["scale"] if a["scale"] is not None else q.size(-1) ** -0.5
+        weights = (q @ k.transpose(-2, -1)) * scale
+        if a["is_causal"]:
+            causal = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+            weights = weights.masked_fill(~causal, float("-inf"))
+        mask: torch.Tensor | None = a["attn_mask"]
+        if mask is not None:
+            weights = weights.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else weights + mask
+        weights = self._dropout(F.dropout, (torch.softmax(weights, dim=-1), float(a["dropout_p"])), {"training": True})
+        return weights @ v
+
+    def _dropout(self, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
+        bound = inspect.signature(func).bind(*args, **kwargs)
+        bound.apply_defaults()
+        x, p, training = bound.arguments["input"], float(bound.arguments["p"]), bound.arguments["training"]
+        if not training or p == 0.0:
+            return x
+        if p == 1.0:
+            return x * 0.0
+        self.n_dropouts += 1
+        seed = torch.ops.ipuxl.modify_seed(self.seed, self.n_dropouts)
+        feature_dims = _DROPOUTS[func]
+        shape = list(x.shape) if feature_dims == 0 else list(x.shape[:-feature_dims]) + [1] * feature_dims
+        out = x * torch.ops.ipuxl.dropout_mask(seed, shape, p, x.dtype)
+        if bound.arguments.get("inplace"):
+            x.copy_(out)
+            return x
+        return out
+
+
+class DropoutReplay:
+    """Eager PyTorch with the masks a ``trainingModel`` draws, to compare the two step by step.
+
+    Example:
+        >>> replay = DropoutReplay(random_seed=42)
+        >>> for x, y in micro_batches:           # one eager optimiser step each
+        ...     with replay.step():
+        ...         out, loss = model(x, y)      # F.dropout uses the device's mask
+    """
+
+    def __init__(self, random_seed: int, gradient_accumulation: int = 1):
+        self._seed = torch.from_numpy(seed_words(random_seed))
+        self._accumulation = gradient_accumulation
+        self._pending: list[torch.Tensor] = []
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """Run one micro-batch's forward (and backward) with the device's dropout seed."""
+        if not self._pending:
+            self._seed, self._pending = step_seeds(self._seed, self._accumulation)
+        with DropoutMode(self._pending.pop(0)):
+            yield
+
+
+def random_op(gm: fx.GraphModule) -> str | None:
+    """The name of the first unseeded aten random op in a traced graph (``"bernoulli"``), or None."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            op = node.target._schema.name.split("::")[-1].rstrip("_")
+            if node.target.namespace == "aten" and any(op == r or op.startswith(r + "_") for r in _RANDOM_OPS):
+                return op
+    return None

@@ -1,0 +1,119 @@
+"""What a module's forward does differently while it is captured, and how the loss is found.
+
+``CaptureMode`` is the torch function mode a trace runs under: it seeds dropout
+(``DropoutMode``), gives autograd its eager meaning (``capture.grad_mode``) and
+records the tensors that came out of torch loss functions. ``capturing`` makes it
+the active capture, which ``identity_loss`` and outlined blocks consult.
+
+The loss is found as PopTorch finds it (``find_loss``): the output produced by a
+torch loss function (``F.cross_entropy``, ``nn.MSELoss``...) or marked with
+``ipuxl.identity_loss``; failing that, the single scalar float output.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from ipuxl.capture.dropout import DropoutMode
+from ipuxl.capture.grad_mode import NOT_HANDLED, GradTracker
+from ipuxl.errors import TraceError
+from ipuxl.ir.context import user_source_line
+
+__all__ = ["CaptureMode", "capturing", "active_mode", "identity_loss", "find_loss"]
+
+_LOSS_FUNCTIONS = frozenset(
+    getattr(F, name) for name in dir(F)
+    if name.endswith("_loss") or name in ("cross_entropy", "binary_cross_entropy",
+                                          "binary_cross_entropy_with_logits", "kl_div"))
+
+_state = threading.local()  # the active CaptureMode of this thread (``capturing``)
+
+
+class CaptureMode(DropoutMode):
+    """Seeds dropout, applies eager autograd rules and records candidate losses.
+
+    Attributes:
+        losses: results of torch loss functions, in call order.
+        marked: tensors marked with ``identity_loss``, in call order.
+        grads: the eager autograd semantics while tracing (None: leave grad mode alone).
+    """
+
+    def __init__(self, seed: torch.Tensor, grads: GradTracker | None = None):
+        super().__init__(seed)
+        self.losses: list[torch.Tensor] = []
+        self.marked: list[torch.Tensor] = []
+        self.grads = grads
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        grads = self.grads
+        if grads is None:
+            return self.call(func, args, kwargs)
+        answer = grads.intercept(func, args, kwargs)
+        if answer is not NOT_HANDLED:
+            return answer
+        args, kwargs = grads.prepare(func, args, kwargs)
+        out = self.call(func, args, kwargs)
+        grads.record(func, args, kwargs, out)
+        return out
+
+    def call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        """``func(*args, **kwargs)`` with dropouts seeded; a loss function's result is recorded."""
+        out = super().call(func, args, kwargs)
+        if func in _LOSS_FUNCTIONS:
+            self.losses.append(out)
+        return out
+
+
+@contextlib.contextmanager
+def capturing(mode: CaptureMode) -> Iterator[CaptureMode]:
+    """Enter ``mode`` as this thread's active capture (see ``active_mode``)."""
+    _state.mode = mode
+    try:
+        with mode:
+            yield mode
+    finally:
+        _state.mode = None
+
+
+def active_mode() -> CaptureMode | None:
+    """The capture running in this thread (``capturing``), or None outside a trace."""
+    mode: CaptureMode | None = getattr(_state, "mode", None)
+    return mode
+
+
+def identity_loss(x: torch.Tensor, reduction: str = "none") -> torch.Tensor:
+    """Mark ``x`` as the loss to differentiate (PopTorch's ``identity_loss``).
+
+    Args:
+        x: the loss, or per-sample losses to reduce.
+        reduction: ``"sum"``, ``"mean"`` or ``"none"`` (``x`` is already the loss).
+
+    Eagerly (outside a traced model) it just returns the reduced ``x``.
+    """
+    if reduction not in ("sum", "mean", "none"):
+        raise TraceError(f"identity_loss: reduction must be 'sum', 'mean' or 'none', got {reduction!r}",
+                         where=user_source_line(), fix="pass reduction='mean' (or 'sum' / 'none')")
+    out = x.sum() if reduction == "sum" else x.mean() if reduction == "mean" else x
+    mode = active_mode()
+    if mode is not None:
+        mode.marked.append(out)
+    return out
+
+
+def find_loss(flat: list[torch.Tensor], mode: CaptureMode) -> int | None:
+    """The position of the loss among a forward's output leaves (see the module docstring).
+
+    Returns None when there is no candidate, and ``-n`` when ``n`` outputs are equally
+    likely candidates (ambiguous).
+    """
+    for group in (mode.marked, mode.losses):
+        hits = [i for i, v in enumerate(flat) if any(v is m for m in group)]
+        if hits:
+            return hits[-1] if len(hits) == 1 else -len(hits)  # negative: ambiguous
+    scalars = [i for i, v in enumerate(flat) if v.dim() == 0 and v.dtype.is_floating_point]
+    return scalars[0] if len(scalars) == 1 else (None if not scalars else -len(scalars))

@@ -1,0 +1,16 @@
+"""Runtime kernels: the functions and torch custom ops that run on the device.
+
+An op of ``ipuxl.ops`` builds an fx node whose target is one of these kernels; the
+device (``ipuxl.device``) compiles the graph into code that calls them, and its
+compile-time rewrites match them and swap in fused ones. Both sides import this
+package downwards, so neither reaches into the other:
+
+- ``var_updates``: the in-place variable updates and the fused Adam steps;
+- ``random``: seeded draws, as plain functions and as ``torch.ops.ipuxl.*`` custom
+  ops (registered on import);
+- ``collectives``: exact collectives across replicas, run through the exchange the
+  device installs while a replica runs.
+"""
+from ipuxl.kernels import collectives, random, var_updates
+
+__all__ = ["collectives", "random", "var_updates"]

@@ -1,0 +1,177 @@
+"""Kernels of the collectives (``ipuxl.ops.collectives``): exact, in replica order.
+
+A collective combines one tensor from every replica of a group. The kernel does not
+know how replicas run: it asks the thread's *exchange* (``current_replica``), which
+the device installs while it runs a replica (``running_as``; the device's
+``Communicator`` meets the other replicas, see ``ipuxl.device.replicas``). Outside
+any replica (one replica, or a plain call) a collective acts on the one tensor.
+
+Reductions fold the group's tensors in replica order: the same arithmetic in every
+process, so results are bitwise identical however the replicas are spread.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from typing import Any, Callable, Iterator, Protocol, Sequence
+
+import torch
+
+from ipuxl.errors import ReplicationError
+from ipuxl.ir.replica_grouping import ReplicaGrouping
+
+__all__ = [
+    "Combine", "Exchange", "current_replica", "running_as", "REDUCTIONS",
+    "all_reduce", "all_reduce_", "reduce_scatter", "all_gather",
+]
+
+#: ``combine(tensors of all replicas in order, wanted replicas)``: the results of the wanted replicas.
+Combine = Callable[[list[torch.Tensor], Sequence[int]], list[torch.Tensor]]
+
+
+class Exchange(Protocol):
+    """Where the replicas of a program meet (the device's ``Communicator``)."""
+
+    replication_factor: int
+
+    def exchange(self, replica: int, tensor: torch.Tensor, combine: Combine) -> torch.Tensor:
+        """Deposit ``tensor`` of ``replica``; return its share of ``combine(all tensors)``."""
+        ...
+
+
+_RUNNING = threading.local()
+
+
+def current_replica() -> tuple[Exchange | None, int]:
+    """The exchange and global replica index of the running thread ((None, 0) outside any replica)."""
+    return getattr(_RUNNING, "exchange", None), getattr(_RUNNING, "replica", 0)
+
+
+@contextlib.contextmanager
+def running_as(exchange: Exchange | None, replica: int) -> Iterator[None]:
+    """Run this thread's collectives as replica ``replica``, meeting the others through
+    ``exchange`` (None: outside any replica); the previous setting is restored on exit."""
+    saved = current_replica()
+    _RUNNING.exchange, _RUNNING.replica = exchange, replica
+    try:
+        yield
+    finally:
+        _RUNNING.exchange, _RUNNING.replica = saved
+
+
+# -- reductions -----------------------------------------------------------------------------
+def _fold(tensors: Sequence[torch.Tensor], start: Callable[[torch.Tensor], torch.Tensor],
+          step: Callable[[torch.Tensor, torch.Tensor], Any]) -> torch.Tensor:
+    acc = start(tensors[0])
+    for t in tensors[1:]:
+        step(acc, t)
+    return acc
+
+
+def _sum(ts: Sequence[torch.Tensor]) -> torch.Tensor:
+    if ts[0].dtype == torch.bool:
+        return _fold(ts, torch.clone, torch.Tensor.logical_or_)
+    return _fold(ts, torch.clone, torch.Tensor.add_)
+
+
+def _mean(ts: Sequence[torch.Tensor]) -> torch.Tensor:
+    total = _sum(ts)
+    return total.div_(len(ts)) if total.is_floating_point() else total.div_(len(ts), rounding_mode="floor")
+
+
+def _logical(ts: Sequence[torch.Tensor], step: Callable[[torch.Tensor, torch.Tensor], Any]) -> torch.Tensor:
+    return _fold([t.bool() for t in ts], torch.clone, step).to(ts[0].dtype)
+
+
+#: The reduction of each ``op`` name: the group's tensors in replica order -> a new tensor.
+REDUCTIONS: dict[str, Callable[[Sequence[torch.Tensor]], torch.Tensor]] = {
+    "add": _sum,
+    "mean": _mean,
+    "mul": lambda ts: _fold(ts, torch.clone, torch.Tensor.mul_),
+    "min": lambda ts: _fold(ts, torch.clone, lambda a, t: torch.minimum(a, t, out=a)),
+    "max": lambda ts: _fold(ts, torch.clone, lambda a, t: torch.maximum(a, t, out=a)),
+    "and": lambda ts: _logical(ts, torch.Tensor.logical_and_),
+    "or": lambda ts: _logical(ts, torch.Tensor.logical_or_),
+    "square_add": lambda ts: _fold(ts, lambda t: t * t, lambda a, t: a.addcmul_(t, t)),
+}
+
+PerGroup = Callable[[list[torch.Tensor], int], torch.Tensor]
+
+
+def _collective(t: torch.Tensor, stride: int, group_size: int, per_group: PerGroup, what: str,
+                shared: str = "") -> torch.Tensor:
+    """This replica's result of ``per_group(its group's tensors in order, its index in the group)``.
+
+    ``shared``: "" computes per member; "copy" computes once per group and gives the
+    other members copies (they may write them); "same" gives every member the one
+    result (the caller only reads it).
+    """
+    exchange, replica = current_replica()
+    replicas = exchange.replication_factor if exchange is not None else 1
+    if replicas % (stride * group_size):
+        raise ReplicationError(f"{what}: a group of size {group_size} (stride {stride}) does not divide the "
+                               f"{replicas} replicas running this program",
+                               fix="build the program for the replication factor the session runs")
+    if exchange is None:
+        return per_group([t], 0)
+    grouping = ReplicaGrouping(replicas, stride, group_size)
+
+    def combine(tensors: list[torch.Tensor], wanted: Sequence[int]) -> list[torch.Tensor]:
+        done: dict[tuple[int, int], torch.Tensor] = {}
+        out = []
+        for r in wanted:
+            members = grouping.members(r)
+            index = members.index(r)
+            key = (grouping.assignment[r], index if not shared else 0)
+            if key in done:
+                out.append(done[key].clone() if shared == "copy" else done[key])
+            else:
+                done[key] = per_group([tensors[m] for m in members], index)
+                out.append(done[key])
+        return out
+
+    return exchange.exchange(replica, t, combine)
+
+
+# -- the kernels ------------------------------------------------------------------------------
+def all_reduce(t: torch.Tensor, op: str, stride: int, group_size: int) -> torch.Tensor:
+    """``REDUCTIONS[op]`` of ``t`` over this replica's group, a new tensor."""
+    reduce = REDUCTIONS[op]
+    return _collective(t, stride, group_size, lambda members, index: reduce(members),
+                       "replicated_all_reduce", shared="copy")
+
+
+def all_reduce_(t: torch.Tensor, op: str, stride: int, group_size: int) -> torch.Tensor:
+    """``all_reduce`` written into ``t``."""
+    reduce = REDUCTIONS[op]
+    result = _collective(t, stride, group_size, lambda members, index: reduce(members),
+                         "replicated_all_reduce_", shared="same")
+    return t.copy_(result)
+
+
+def reduce_scatter(t: torch.Tensor, op: str, stride: int, group_size: int) -> torch.Tensor:
+    """Member ``i``'s 1-D slice of the reduction of the group's flattened, zero-padded ``t``."""
+    reduce = REDUCTIONS[op]
+    shard = -(-t.numel() // group_size)
+
+    def per_group(members: list[torch.Tensor], index: int) -> torch.Tensor:
+        pad = shard * group_size - t.numel()
+        flat = [torch.nn.functional.pad(m.reshape(-1), (0, pad)) if pad else m.reshape(-1) for m in members]
+        return reduce([f[index * shard:(index + 1) * shard] for f in flat])
+
+    return _collective(t, stride, group_size, per_group, "replicated_reduce_scatter")
+
+
+def all_gather(t: torch.Tensor, axis: int, mode: str, stride: int, group_size: int,
+               meta_shape: tuple[int, ...] = ()) -> torch.Tensor:
+    """The group's ``t`` stacked (``mode`` "new_axis", and scalars), concatenated along ``axis``
+    ("concat") or reshaped to ``meta_shape`` ("meta_shape")."""
+    def per_group(members: list[torch.Tensor], index: int) -> torch.Tensor:
+        if mode == "new_axis" or members[0].dim() == 0:  # scalars: concat is a new axis
+            return torch.stack(members)
+        if mode == "meta_shape":
+            return torch.cat([m.reshape(-1) for m in members])[:math.prod(meta_shape)].reshape(meta_shape)
+        return torch.cat(members, dim=axis)  # "concat"
+
+    return _collective(t, stride, group_size, per_group, "replicated_all_gather", shared="copy")

@@ -1,0 +1,156 @@
+"""Kernels of the variable updates (``ipuxl.ops.var_updates``) and the device's fused Adam steps.
+
+Each function is the target of one fx node: the ops emit the plain kernels, and the
+device's compile-time fusion (``ipuxl.device.fuse``) matches them and puts the fused
+ones (``adam_update_``, ``fused_adam_step_``) in their place. Functions ending in
+``_`` write into their first argument and return it. A factor ``f`` is a Python
+number (baked into the program) or a scalar tensor (changeable at run time); ``x`` is
+converted to ``t``'s dtype before any arithmetic.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from ipuxl.dtypes import to_numpy_dtype
+
+__all__ = [
+    "accumulate_", "accumulate_square_", "running_mean_", "moving_average_", "moving_average_square_", "scale_",
+    "sparse_accumulate_", "adam_updater", "adam_update_", "fused_adam_step_", "adam_var_update_",
+]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float))
+
+
+def _f32(f: Any) -> Any:
+    """A Python-number factor rounded to float32, as PopART stores optimiser values."""
+    return float(np.float32(f)) if _is_number(f) else f
+
+
+def accumulate_(t: torch.Tensor, x: torch.Tensor, f: Any) -> torch.Tensor:
+    """``t += x`` when ``f`` is None, else ``t += f * x``."""
+    x = x.to(t.dtype)
+    return t.add_(x) if f is None else t.add_(x, alpha=f) if _is_number(f) else t.add_(x * f)
+
+
+def accumulate_square_(t: torch.Tensor, x: torch.Tensor, f: Any) -> torch.Tensor:
+    """``t += f * x**2``."""
+    x = x.to(t.dtype)
+    return t.addcmul_(x, x, value=f) if _is_number(f) else t.add_(x * x * f)
+
+
+def moving_average_(t: torch.Tensor, x: torch.Tensor, f: Any) -> torch.Tensor:
+    """``t = f * t + (1 - f) * x`` (a number ``f`` rounded to float32)."""
+    x, f = x.to(t.dtype), _f32(f)
+    if _is_number(f):
+        return t.lerp_(x, 1 - f)  # one pass: t + (1 - f) * (x - t)
+    t.mul_(f)
+    return t.add_(x * (1 - f))
+
+
+def moving_average_square_(t: torch.Tensor, x: torch.Tensor, f: Any) -> torch.Tensor:
+    """``t = f * t + (1 - f) * x**2`` (a number ``f`` rounded to float32)."""
+    x, f = x.to(t.dtype), _f32(f)
+    t.mul_(f)
+    return t.addcmul_(x, x, value=1 - f) if _is_number(f) else t.add_(x * x * (1 - f))
+
+
+def running_mean_(t: torch.Tensor, x: torch.Tensor, step: Any) -> torch.Tensor:
+    """``t = step/(step+1) * t + x/(step+1)`` (``step`` values seen before)."""
+    x = x.to(t.dtype)
+    t.mul_(step / (step + 1))
+    return t.add_(x / (step + 1))
+
+
+def scale_(t: torch.Tensor, f: Any) -> torch.Tensor:
+    """``t *= f`` (a number ``f == 0`` zeroes ``t``, NaNs and infinities included)."""
+    return t.zero_() if _is_number(f) and f == 0 else t.mul_(f)
+
+
+def sparse_accumulate_(t: torch.Tensor, x: torch.Tensor, indices: torch.Tensor, axis: int, f: Any) -> torch.Tensor:
+    """Add the slices of ``x`` (times ``f`` unless None) into ``t`` at ``indices`` along ``axis``."""
+    x = x.to(t.dtype)
+    return t.index_add_(axis, indices.long(), x if f is None else x * f)
+
+
+# -- Adam ---------------------------------------------------------------------------------------
+def _has_data(t: torch.Tensor) -> bool:
+    """False while shapes are inferred (meta) or a graph is traced (fake tensors)."""
+    return t.device.type != "meta" and not isinstance(t, FakeTensor)
+
+
+def _adam_denominator(m: torch.Tensor, v: torch.Tensor, step: Any, beta1: Any, beta2: Any,
+                      eps: Any) -> torch.Tensor:
+    """``(sqrt(v̂) + eps) * (1 - beta1**t)``, so that ``m / it == m̂ / (sqrt(v̂) + eps)``.
+
+    Everything is in float32 (float64 stays float64): a float16 ``v`` divided by
+    ``1 - beta2**t`` (0.001 at t = 1) would lose precision and overflow float16.
+    The bias corrections are folded into one scale of ``sqrt(v)``, so the whole
+    denominator costs three passes over the tensor (the update step is memory-bound).
+    """
+    compute = torch.promote_types(m.dtype, torch.float32)
+    denom = v.to(torch.promote_types(v.dtype, torch.float32)).sqrt()
+    if step is None:
+        return denom.add_(eps)
+    step.add_(1)
+    if _is_number(beta1) and _is_number(beta2) and _has_data(step):  # host scalars, as torch.optim does
+        t = float(step)
+        b1, b2 = float(np.array(beta1, to_numpy_dtype(compute))), float(np.array(beta2, to_numpy_dtype(compute)))
+        bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
+        return denom.mul_(bc1 / bc2 ** 0.5).add_(eps * bc1)
+    t_step = step.to(compute)
+    bc1_t = 1 - torch.pow(torch.as_tensor(beta1, dtype=compute, device=m.device), t_step)
+    bc2_t = 1 - torch.pow(torch.as_tensor(beta2, dtype=compute, device=m.device), t_step)
+    return denom.mul_(bc1_t / torch.sqrt(bc2_t)).add_(eps * bc1_t)
+
+
+def adam_updater(m: torch.Tensor, v: torch.Tensor, w: Any, step: Any, wd: Any, beta1: Any, beta2: Any,
+                 eps: Any) -> torch.Tensor:
+    """Adam's update term ``m̂ / (sqrt(v̂) + eps) (+ wd * w)`` in ``w``'s dtype (``m``'s
+    without ``w``); ``step`` (when not None) is incremented first, in place."""
+    out_dtype = w.dtype if w is not None else m.dtype
+    denom = _adam_denominator(m, v, step, beta1, beta2, eps)
+    out = torch.div(m, denom)
+    if wd is not None:
+        out = out.add_(w * wd)
+    return out.to(out_dtype)
+
+
+def adam_update_(weight: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: Any, beta1: Any, beta2: Any,
+                 eps: Any, alpha: float) -> torch.Tensor:
+    """``weight += alpha * adam_updater(m, v, ...)`` (no weight decay) in one ``addcdiv_``.
+
+    The device fuses an ``adam_updater`` whose only use is such an update into this.
+    """
+    denom = _adam_denominator(m, v, step, beta1, beta2, eps)
+    return weight.addcdiv_(m.to(denom.dtype), denom, value=alpha)
+
+
+def fused_adam_step_(weight: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
+                     step: torch.Tensor, lr: float, beta1: float, beta2: float, eps: float) -> torch.Tensor:
+    """A whole bias-corrected Adam step (moments, step, update) in one ``torch._fused_adam_`` kernel.
+
+    The device rewrites ``moving_average_``, ``moving_average_square_``, ``adam_updater``
+    and the weight update of one weight into this when nothing else reads the moments
+    in between; the kernel is the one torch.optim.Adam(fused=True) uses.
+    """
+    step.add_(1)
+    torch._fused_adam_([weight], [grad], [m], [v], [], [step], lr=lr, beta1=beta1, beta2=beta2,
+                       weight_decay=0.0, eps=eps, amsgrad=False, maximize=False)
+    return weight
+
+
+def adam_var_update_(w: torch.Tensor, x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, lr: Any,
+                     max_norm: Any) -> torch.Tensor:
+    """LAMB's step ``w -= lr * (|w| / |x|) * x`` with ``r1 = |w|²``, ``r2 = |x|²``; the trust
+    ratio is 1 when either norm is 0, and ``max_norm`` (unless None) clips ``|w|``."""
+    norm_w = torch.sqrt(r1)
+    if max_norm is not None:
+        norm_w = torch.clamp(norm_w, max=max_norm)
+    ratio = torch.where((r1 == 0) | (r2 == 0), torch.ones_like(norm_w), norm_w / torch.sqrt(r2))
+    return w.sub_((lr * ratio * x).to(w.dtype))

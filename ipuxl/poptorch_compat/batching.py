@@ -1,0 +1,237 @@
+"""How a wrapped model's combined batch maps to the program's streams, and back.
+
+The combined batch's first dimension is laid out as PopTorch/PopART lay out host
+data: ``[deviceIterations, gradientAccumulation, replicas, micro-batch, ...]``
+(iterations outermost). ``split_batch`` checks that every tensor argument splits so
+and reorders it for the input streams, which take ``(iterations, replicas,
+accumulation x micro-batch, ...)``: one replica's micro-batches of a step are
+consecutive in its stream. Under torchrun (``WORLD_SIZE`` = P > 1) each process
+feeds, and gets back, only its own R / P replicas, as each PopTorch process does
+with PopRun.
+
+Outputs come back in the same order, per output mode (``reduce_outputs``: PopTorch's
+shapes): All/EveryN concatenate every returned micro-batch of every replica;
+Final/Sum give one result per replica.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree
+
+from ipuxl.errors import BatchSizeError, OptionsError
+from ipuxl.ir.context import user_source_line
+from ipuxl.ir.world import world
+from ipuxl.poptorch_compat.options import Options, OutputMode
+from ipuxl.poptorch_compat.program import Program
+
+__all__ = ["MicroBatch", "SplitBatch", "split_batch", "example_call", "describe", "replicas_here", "gather_outputs",
+           "update_inputs", "reduce_outputs"]
+
+# a device run's results: the data of every device-to-host stream
+Results = dict[Any, np.ndarray]
+
+
+class MicroBatch(tuple):
+    """Shape and dtype of one input's micro-batch (hashable, for the compile key)."""
+
+    def __new__(cls, shape: tuple, dtype: torch.dtype) -> "MicroBatch":
+        return super().__new__(cls, (tuple(shape), dtype))
+
+    @property
+    def shape(self) -> tuple:
+        return self[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self[1]
+
+
+class SplitBatch(NamedTuple):
+    """One call's combined batch, split (see ``split_batch``).
+
+    Attributes:
+        micro: the compile key: ``(leaves, spec)`` of the call with each tensor replaced
+            by its ``MicroBatch`` (other leaves are kept: they are part of the program).
+        stacked: each tensor argument's data laid out for its input stream.
+        tensors: the call's tensor arguments (the caller's own tensors).
+    """
+
+    micro: tuple
+    stacked: list[torch.Tensor]
+    tensors: list[torch.Tensor]
+
+
+def _kind(training: bool) -> str:
+    return "training" if training else "inference"
+
+
+def replicas_here(options: Options) -> int:
+    """The replicas this process feeds (all of them unless under torchrun).
+
+    Raises:
+        OptionsError: ``Options.Distributed`` names another process than this one.
+    """
+    distributed = options.Distributed
+    processes, rank = world()
+    if distributed.configured and (distributed.numProcesses, distributed.processId) != (processes, rank):
+        raise OptionsError(
+            f"Options.Distributed.configureProcessId({distributed.processId}, {distributed.numProcesses}) "
+            f"does not match this run: process {rank} of {processes}", where=user_source_line(),
+            fix="launch the processes with torchrun (it sets RANK and WORLD_SIZE, which the options read "
+                "by default), or leave configureProcessId out")
+    return options.replicas_per_process()
+
+
+def _local_replica_range(options: Options) -> tuple[int, int]:
+    """[first, last) global indices of the replicas this process runs."""
+    replicas = replicas_here(options)
+    rank = world()[1]
+    return rank * replicas, (rank + 1) * replicas
+
+
+def split_batch(options: Options, training: bool, args: tuple, kwargs: dict) -> SplitBatch:
+    """Validate the combined batch of a call and split it (see the module docstring).
+
+    Raises:
+        BatchSizeError: a tensor argument's first dimension does not split into
+            micro-batches for every iteration, accumulation step and replica.
+    """
+    replicas = replicas_here(options)
+    accumulation = options.gradient_accumulation if training else 1
+    if not training:
+        options.combined_batch_factor(False)  # refuses gradient accumulation for inference
+    n = options.device_iterations
+    factor = n * accumulation * replicas
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    micro_leaves: list[Any] = []
+    stacked, tensors = [], []
+    for leaf in leaves:
+        if not isinstance(leaf, torch.Tensor):
+            micro_leaves.append(leaf)
+            continue
+        if leaf.dim() == 0 or leaf.shape[0] % factor:
+            raise _batch_size_error(options, training, leaf, factor, replicas)
+        micro = leaf.shape[0] // factor
+        rest = tuple(leaf.shape[1:])
+        micro_leaves.append(MicroBatch((micro, *rest), leaf.dtype))
+        data = leaf.detach()
+        if replicas > 1 and accumulation > 1:  # [n, G, R, m] -> [n, R, G, m]
+            data = data.reshape(n, accumulation, replicas, micro, *rest).transpose(1, 2)
+        host_shape = tuple(d for d in (n, replicas) if d > 1) + (accumulation * micro, *rest)
+        stacked.append(data.reshape(host_shape))
+        tensors.append(leaf)
+    return SplitBatch((tuple(micro_leaves), spec), stacked, tensors)
+
+
+def _batch_size_error(options: Options, training: bool, leaf: torch.Tensor, factor: int,
+                      replicas: int) -> BatchSizeError:
+    got = "a scalar" if leaf.dim() == 0 else f"batch {leaf.shape[0]}"
+    size = 0 if leaf.dim() == 0 else leaf.shape[0]
+    lower, upper = (size // factor) * factor, (size // factor + 1) * factor
+    return BatchSizeError(
+        f"{_kind(training)} model input of shape {tuple(leaf.shape)}: {got} does not split into "
+        f"{_factors(options, training, replicas)} = {factor} parts", where=user_source_line(),
+        fix=f"use a batch that is a multiple of {factor}"
+            + (f" (nearest: {lower} or {upper})" if lower else f" (e.g. {upper})")
+            + ", e.g. with ipuxl.DataLoader(options, ...), which combines batches for you")
+
+
+def _factors(options: Options, training: bool, replicas: int) -> str:
+    parts = [f"deviceIterations {options.device_iterations}"]
+    if training:
+        parts.append(f"gradientAccumulation {options.gradient_accumulation}")
+    processes = options.Distributed.numProcesses
+    if processes > 1:
+        parts.append(f"replicationFactor {options.replication_factor} / {processes} processes "
+                     f"(= {replicas} replicas in this process)")
+    else:
+        parts.append(f"replicationFactor {options.replication_factor}")
+    return "micro-batch x " + " x ".join(parts)
+
+
+def example_call(micro: tuple) -> tuple[tuple, dict[str, Any]]:
+    """``(args, kwargs)`` of one micro-batch's call, with empty tensors of its shapes (to trace)."""
+    leaves, spec = micro
+    examples = [torch.empty(v.shape, dtype=v.dtype) if isinstance(v, MicroBatch) else v for v in leaves]
+    args, kwargs = pytree.tree_unflatten(examples, spec)
+    return args, kwargs
+
+
+def describe(key: tuple | None) -> str:
+    """A compile key for messages: ``[4, 3] float32, True``."""
+    if key is None:
+        return "(none)"
+    return ", ".join(f"{list(v.shape)} {str(v.dtype).replace('torch.', '')}" if isinstance(v, MicroBatch)
+                     else repr(v) for v in key[0])
+
+
+def _per_micro_batch(options: Options, results: Results, streams: list[Any]) -> torch.Tensor:
+    """One output's results of this process's replicas: ``(n, G, local replicas, *shape)``."""
+    n, replicas = options.device_iterations, options.replication_factor
+    first, last = _local_replica_range(options)
+    return torch.stack([torch.from_numpy(results[s]).reshape(n, replicas, *s.shape)[:, first:last]
+                        for s in streams], 1)
+
+
+def gather_outputs(options: Options, training: bool, program: Program, results: Results) -> Any:
+    """The call's outputs per output mode; under torchrun, those of this process's replicas."""
+    n = options.device_iterations
+    per_output = []
+    for streams in program.outputs:
+        seq = _per_micro_batch(options, results, streams)
+        per_output.append(seq.reshape(n * len(streams), seq.shape[2], *streams[0].shape))
+    mode = options.resolved_output_mode(training)
+    flat = reduce_outputs(per_output, mode, options.output_return_period)
+    return pytree.tree_unflatten(flat, program.traced.out_spec)
+
+
+def update_inputs(options: Options, program: Program, results: Results, tensors: list[torch.Tensor]) -> None:
+    """Write the new values of inputs that ``forward`` changed in place into the caller's
+    tensors, every micro-batch in its place of the combined batch (as eager ``forward``
+    on each micro-batch's slice would)."""
+    for index, streams in program.input_updates:
+        target = tensors[index]
+        with torch.no_grad():
+            target.copy_(_per_micro_batch(options, results, streams).reshape(target.shape))
+
+
+def reduce_outputs(per_step: list[torch.Tensor], mode: OutputMode, period: int) -> list[torch.Tensor]:
+    """Apply an output mode to each output's per-micro-batch results.
+
+    Each entry is shaped ``(steps, R, *shape)``: ``steps`` = deviceIterations x
+    gradientAccumulation micro-batches in order, R replicas each. As upstream
+    (PopART's anchor shapes ``[batches, accumulation, replicas, *shape]`` flattened
+    into the first dim):
+
+    * All: every micro-batch of every replica, concatenated along the first
+      dimension in the input order (iterations, then accumulation, then replicas);
+      scalars become a ``(steps * R,)`` vector;
+    * EveryN: micro-batches N-1, 2N-1, ... of each replica, concatenated as in All;
+    * Final: the last micro-batch; Sum: the element-wise sum over the micro-batches.
+      With R > 1 replicas, one result per replica concatenated along the first
+      dimension (a scalar becomes an ``(R,)`` vector); with one, it keeps its shape.
+    """
+    return [_reduce_output(seq, mode, period) for seq in per_step]
+
+
+def _reduce_output(seq: torch.Tensor, mode: OutputMode, period: int) -> torch.Tensor:
+    replicas = seq.shape[1]
+    if mode == OutputMode.EveryN:
+        seq = seq[period - 1::period]
+    if mode in (OutputMode.All, OutputMode.EveryN):
+        return _flatten_batch(seq.reshape(seq.shape[0] * replicas, *seq.shape[2:]))
+    if mode == OutputMode.Final:
+        per_replica = seq[-1]
+    elif mode == OutputMode.Sum:
+        per_replica = seq.sum(0)
+    else:
+        raise ValueError(f"unresolved output mode {mode}")
+    return per_replica[0] if replicas == 1 else _flatten_batch(per_replica)
+
+
+def _flatten_batch(seq: torch.Tensor) -> torch.Tensor:
+    """``(k, *shape)`` results -> concatenated along the first dim (scalars: a (k,) vector)."""
+    return seq if seq.dim() == 1 else seq.reshape(seq.shape[0] * seq.shape[1], *seq.shape[2:])

@@ -1,0 +1,116 @@
+"""``compile_model``: a PopTorch-style model to a device program, in named steps.
+
+Each step is one function of this module, run in this order:
+
+1. ``capture``: trace the module's forward for one micro-batch (``capture.trace``);
+2. ``import_forward``: import the trace into a new ``Ir`` as the forward subgraph
+   (``capture.to_ir``);
+3. ``differentiate`` (training): autodiff of the forward for the loss w.r.t. the
+   parameters the optimiser trains (``transforms.autodiff``);
+4. ``build_program``: the main graph of one device iteration: host streams,
+   variables, a forward (and grad) call per micro-batch, the optimiser (``program``);
+5. ``outline_program`` (``Options.autoOutline``): outline repeated code (``passes.outline``).
+
+The executor then compiles the IR on a device ``Session``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ipuxl.capture.to_ir import graph_from_trace
+from ipuxl.capture.trace import TracedModule, trace_module
+from ipuxl.ir.graph import Graph
+from ipuxl.ir.ir import Ir
+from ipuxl.ir.tensor import Tensor
+from ipuxl.passes.outline import outline_ir
+from ipuxl.poptorch_compat.options import Options
+from ipuxl.poptorch_compat.program import Gradients, Program, StartValues, build_program
+from ipuxl.poptorch_compat.translate import ParamPlan
+from ipuxl.transforms import autodiff
+
+__all__ = ["compile_model", "capture", "import_forward", "differentiate", "outline_program"]
+
+
+def compile_model(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], *, training: bool, options: Options,
+                  start: StartValues, plans: list[ParamPlan]) -> Program:
+    """Build the device program of ``model`` called as ``model(*args, **kwargs)`` on one micro-batch.
+
+    Args:
+        training: a training step (loss, gradients, optimiser) or an inference step.
+        options: device iterations, gradient accumulation, replication, outlining.
+        start: the values the program's variables start from.
+        plans: ``translate`` plans of the parameters that take gradients, in optimiser order.
+
+    Raises:
+        TraceError: the module cannot be captured (see ``capture.trace.trace_module``).
+    """
+    traced = capture(model, args, kwargs, training=training, outline=options.auto_outline)
+    forward = import_forward(traced, options)
+    gradients = differentiate(traced, forward, plans) if training else None
+    program = build_program(forward.ir, traced, forward, gradients, start=start, plans=plans,
+                            micro_batches=options.gradient_accumulation if training else 1)
+    if options.auto_outline:
+        outline_program(program)
+    return program
+
+
+def capture(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], *, training: bool,
+            outline: bool) -> TracedModule:
+    """Step 1: the fx trace of one call (a training trace must return a loss)."""
+    return trace_module(model, args, kwargs, training=training, need_loss=training, outline=outline)
+
+
+def import_forward(traced: TracedModule, options: Options) -> Graph:
+    """Step 2: a new ``Ir`` (replicas, one host transfer per device iteration) holding the
+    trace as its forward subgraph."""
+    ir = Ir(replication=options.replication_factor)
+    ir.num_host_transfers = options.device_iterations
+    return graph_from_trace(ir, traced)
+
+
+def differentiate(traced: TracedModule, forward: Graph, plans: list[ParamPlan]) -> Gradients:
+    """Step 3: the grad graph of ``forward``'s loss w.r.t. the parameters it trains."""
+    assert traced.loss_index is not None, "a training trace has a loss"
+    n_in = len(traced.input_names)
+    inputs = dict(zip(traced.params, forward.inputs[n_in:n_in + len(traced.params)]))
+    trained = _trained_params(traced, forward, plans, inputs)
+    info = autodiff(forward, grads_provided=[forward.outputs[traced.loss_index]],
+                    grads_required=[inputs[name] for name in trained])
+    return Gradients(trained, info)
+
+
+def outline_program(program: Program) -> None:
+    """Step 5: outline what capture did not (e.g. the optimiser's per-weight updates)."""
+    outline_ir(program.ir)
+
+
+def _trained_params(traced: TracedModule, forward: Graph, plans: list[ParamPlan],
+                    inputs: dict[str, Tensor]) -> list[str]:
+    """Parameters the optimiser holds whose gradient eager autograd would give: the loss
+    reaches them through floating-point values, not through a ``detach`` (``.detach()``,
+    ``torch.no_grad()``...: see ``capture.grad_mode``). torch.optim skips the others."""
+    assert traced.loss_index is not None
+    ancestors: set[fx.Node] = set()
+    stack = [forward.outputs[traced.loss_index].node]
+    while stack:
+        node = stack.pop()
+        if node in ancestors:
+            continue
+        ancestors.add(node)
+        if node.op == "call_function" and node.target is torch.ops.aten.detach.default:
+            continue
+        stack.extend(n for n in node.all_input_nodes if _carries_gradient(n))
+    held = {p.name for p in plans}
+    return [name for name in traced.params if name in held and inputs[name].node in ancestors
+            and inputs[name].dtype.is_floating_point]
+
+
+def _carries_gradient(node: fx.Node) -> bool:
+    """A node whose value can carry a gradient: floating point (or a call's tuple of outputs)."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return val.dtype.is_floating_point or val.dtype.is_complex
+    return True
