@@ -50,28 +50,54 @@ class Net(addons.Module):
 
 
 def build_program(batch: int, n: int, optimiser: str):
+    """The training program in PopXL's device-loop form: the variables (the net's, and
+    Adam's state) in the main graph, ``ops.repeat`` of a step graph that loads its batch,
+    runs forward and backward and updates every variable (passed by reference) ``n`` times."""
     ir = ipuxl.Ir()
     ir.num_host_transfers = n
+    lr = OPTIMISERS[optimiser]
     with ir.main_graph:
         img_stream = ipuxl.h2d_stream((batch, 28, 28), ipuxl.float32, "image")
         label_stream = ipuxl.h2d_stream((batch,), ipuxl.int32, "labels")
-        img, labels = ops.host_load(img_stream), ops.host_load(label_stream)
-        facts, fwd = Net().create_graph(img)
+        loss_stream = ipuxl.d2h_stream((), ipuxl.float32, "loss")
+        facts, fwd = Net().create_graph(img_stream.spec)
         bwd = addons.autodiff(fwd)
         variables = facts.init()
-        fwd_info = fwd.bind(variables).call_with_info(img)
-        loss, dx = addons.ops.cross_entropy_with_grad(fwd_info.outputs[0], labels)
-        bwd_info = bwd.call_with_info(dx, args=bwd.grad_graph_info.inputs_dict(fwd_info))
-        grads = bwd.grad_graph_info.fwd_parent_ins_to_grad_parent_outs(fwd_info, bwd_info)
-        lr = OPTIMISERS[optimiser]
-        if optimiser == "sgd":
-            for t in variables.tensors:
-                ops.scaled_add_(t, grads[t], b=-lr)
-        else:
-            optim.apply_optimizer(optim.AdamUpdate(), variables, grads, lr=lr)
-        loss_stream = ipuxl.d2h_stream(loss.shape, loss.dtype, "loss")
-        ops.host_store(loss_stream, loss)
+        updates = _optimiser_graphs(optimiser, variables, lr)  # {name: (graph, its state variables)}
+        held = [*variables.tensors, *(t for _, state in updates.values() for t in state.tensors)]
+
+        def step(*inputs: ipuxl.Tensor) -> None:
+            mine = dict(zip(held, inputs))
+            img, labels = ops.host_load(img_stream), ops.host_load(label_stream)
+            net = addons.NamedTensors.from_dict({k: mine[v] for k, v in variables.named_tensors.items()})
+            fwd_info = fwd.bind(net).call_with_info(img)
+            loss, dx = addons.ops.cross_entropy_with_grad(fwd_info.outputs[0], labels)
+            bwd_info = bwd.call_with_info(dx, args=bwd.grad_graph_info.inputs_dict(fwd_info))
+            grads = bwd.grad_graph_info.fwd_parent_ins_to_grad_parent_outs(fwd_info, bwd_info)
+            for name, var in variables.named_tensors.items():
+                if optimiser == "sgd":
+                    ops.scaled_add_(mine[var], grads[mine[var]], b=-lr)
+                else:
+                    graph, state = updates[name]
+                    bound = addons.NamedTensors.from_dict({k: mine[v] for k, v in state.named_tensors.items()})
+                    graph.bind(bound).call(mine[var], grads[mine[var]])
+            ops.host_store(loss_stream, loss)
+
+        ops.repeat(ir.create_graph(step, *[ipuxl.TensorByRef(t) for t in held]), n, *held)
     return ir, (img_stream, label_stream), loss_stream, variables
+
+
+def _optimiser_graphs(optimiser: str, variables, lr: float) -> dict:
+    """Adam: per variable, the ``AdamUpdate`` graph (one per weight spec) and its state
+    variables (created here, in the main graph); SGD needs none."""
+    if optimiser == "sgd":
+        return {}
+    update = optim.AdamUpdate()
+    graphs = {}
+    for name, var in variables.named_tensors.items():
+        factories, graph = update.create_graph(var, ipuxl.TensorSpec(var.shape, var.dtype), lr=lr)
+        graphs[name] = (graph, factories.init(prefix=name))
+    return graphs
 
 
 class IpuxlTrainer:

@@ -11,8 +11,10 @@ for two networks, each at batch 8 and 128, with N = 1 and N = 50 steps per call:
 
 ipuxl builds the net as PopXL does (``build_mlp_train_ir``): one subgraph per
 Linear, ``transforms.autodiff`` per layer, chained backward calls, ``ops.scaled_add_``
-updates, softmax + ``ops.nll_loss_with_softmax_grad``, with ``ir.num_host_transfers
-= N`` so one ``Session.run`` trains N steps. Eager is the same function with
+updates, softmax + ``ops.nll_loss_with_softmax_grad``, in PopXL's device-loop form:
+the main graph holds the weights and runs ``ops.repeat`` of the training step N
+times; the step loads its batch (``ir.num_host_transfers = N``), so one
+``Session.run`` trains N steps. Eager is the same function with
 autograd, ``F.cross_entropy`` and ``torch.optim.SGD`` (lr 0.05), N steps per call in a
 plain Python loop. Both start from the same weights and consume the same random
 data, pre-generated on the device (data loading and host transfer are not timed).
@@ -70,40 +72,52 @@ def build_mlp_train_ir(layer_sizes: list[int], batch_size: int, lr: float = LR, 
     init = init or init_params(layer_sizes)
     ir = ipuxl.Ir()
     ir.num_host_transfers = num_host_transfers
-    with ir.main_graph, ipuxl.in_sequence():
+    with ir.main_graph:
         img_stream = ipuxl.h2d_stream([batch_size, 28, 28], ipuxl.float32, name="input_stream")
         label_stream = ipuxl.h2d_stream([batch_size], ipuxl.int32, name="label_stream")
-        x = ops.host_load(img_stream, "x").reshape((-1, layer_sizes[0]))
-        labels = ops.host_load(label_stream, "labels")
-
-        params, layers = {}, []  # layers: (input, W, b, Linear module, call-site info) per layer
-        last = len(layer_sizes) - 2
+        loss_stream = ipuxl.d2h_stream((), ipuxl.float32, name="loss_stream")
+        params = {}
         for i, (w, b) in enumerate(init):
-            W, B = ipuxl.variable(w, name=f"W{i}"), ipuxl.variable(b, name=f"b{i}")
-            params[f"W{i}"], params[f"b{i}"] = W, B
-            linear = Linear()
-            graph = ir.create_graph(linear, x, out_features=w.shape[1], gelu=i < last or final_gelu)
-            info = ops.call_with_info(graph, x, inputs_dict={linear.W: W, linear.b: B})
-            layers.append((x, W, B, linear, info))
-            x = info.outputs[0]
+            params[f"W{i}"], params[f"b{i}"] = ipuxl.variable(w, name=f"W{i}"), ipuxl.variable(b, name=f"b{i}")
 
-        probs = ops.softmax(x, axis=-1)
-        loss, dx = ops.nll_loss_with_softmax_grad(probs, labels)
-        grads = {}
-        for i in reversed(range(len(layers))):  # chained backward calls, last layer first
-            x_in, W, B, linear, info = layers[i]
-            required = [linear.W, linear.b] if i == 0 else None  # no grad of the images
-            bwd = transforms.autodiff(info.called_graph, grads_required=required)
-            bwd_info = ops.call_with_info(bwd.graph, dx, inputs_dict=bwd.inputs_dict(info))
-            g = bwd.fwd_parent_ins_to_grad_parent_outs(info, bwd_info)
-            grads[f"W{i}"], grads[f"b{i}"] = g[W], g[B]
-            dx = g[x_in] if i > 0 else None
-        for k, v in params.items():
-            ops.scaled_add_(v, grads[k], b=-lr)
+        def step(*weights: ipuxl.Tensor) -> None:  # one training step: the device loop's body
+            with ipuxl.in_sequence():
+                _train_step(ir, dict(zip(params, weights)), img_stream, label_stream, loss_stream, lr, final_gelu)
 
-        loss_stream = ipuxl.d2h_stream(loss.shape, loss.dtype, name="loss_stream")
-        ops.host_store(loss_stream, loss)
+        step_graph = ir.create_graph(step, *[ipuxl.TensorByRef(v) for v in params.values()])
+        ops.repeat(step_graph, num_host_transfers, *params.values())
     return ir, (img_stream, label_stream), loss_stream, params
+
+
+def _train_step(ir, params, img_stream, label_stream, loss_stream, lr: float, final_gelu: bool) -> None:
+    """Load a batch, forward (a Linear graph per layer), backward (autodiff per layer), SGD."""
+    n_layers = len(params) // 2
+    x = ops.host_load(img_stream, "x")
+    x = x.reshape((-1, x.shape[1] * x.shape[2]))
+    labels = ops.host_load(label_stream, "labels")
+    layers = []  # (input, W, b, Linear module, call-site info) per layer
+    for i in range(n_layers):
+        W, B = params[f"W{i}"], params[f"b{i}"]
+        linear = Linear()
+        graph = ir.create_graph(linear, x, out_features=W.shape[1], gelu=i < n_layers - 1 or final_gelu)
+        info = ops.call_with_info(graph, x, inputs_dict={linear.W: W, linear.b: B})
+        layers.append((x, W, B, linear, info))
+        x = info.outputs[0]
+
+    probs = ops.softmax(x, axis=-1)
+    loss, dx = ops.nll_loss_with_softmax_grad(probs, labels)
+    grads = {}
+    for i in reversed(range(n_layers)):  # chained backward calls, last layer first
+        x_in, W, B, linear, info = layers[i]
+        required = [linear.W, linear.b] if i == 0 else None  # no grad of the images
+        bwd = transforms.autodiff(info.called_graph, grads_required=required)
+        bwd_info = ops.call_with_info(bwd.graph, dx, inputs_dict=bwd.inputs_dict(info))
+        g = bwd.fwd_parent_ins_to_grad_parent_outs(info, bwd_info)
+        grads[f"W{i}"], grads[f"b{i}"] = g[W], g[B]
+        dx = g[x_in] if i > 0 else None
+    for k, v in params.items():
+        ops.scaled_add_(v, grads[k], b=-lr)
+    ops.host_store(loss_stream, loss)
 
 
 class IpuxlTrainer:

@@ -1,7 +1,7 @@
 """The program report of an MLP training program, built without data.
 
 Run:   python benchmarks/program_report.py [--blocks N] [--outlined] [--batch-size B]
-                                           [--hidden H] [--num-host-transfers N]
+                                           [--hidden H]
 
 Prints ``ipuxl.device.report.program_report`` of a popxl.addons-style MLP trained
 with SGD (seed 002's 4-layer model by default): per graph how it is compiled, its
@@ -48,11 +48,12 @@ def layer_graphs(layer: Linear, x: ipuxl.Tensor) -> LayerGraphs:
 
 
 def mlp_training_ir(batch_size: int = 8, hidden: int = 512, blocks: int = 2, outlined: bool = False,
-                    num_host_transfers: int = 1, learning_rate: float = 0.05) -> ipuxl.Ir:
+                    learning_rate: float = 0.05) -> ipuxl.Ir:
     """A popxl.addons-style MLP trained with SGD, built without data.
 
     ``Linear(784 -> hidden)``, ``blocks`` hidden blocks ``gelu(Linear(hidden -> hidden))``
-    and ``Linear(hidden -> 10)``, cross entropy, backward, in-place SGD updates.
+    and ``Linear(hidden -> 10)``, cross entropy, backward, in-place SGD updates: one
+    training step per ``Session.run`` (``num_host_transfers = 1``).
     With ``blocks=2`` it is seed 002's 4-layer MLP. ``outlined``: the block's forward
     and backward are one graph each, called once per block (their code exists once);
     otherwise every block has its own graphs, each inlined into the main program.
@@ -85,7 +86,6 @@ def mlp_training_ir(batch_size: int = 8, hidden: int = 512, blocks: int = 2, out
             for t in variables.tensors:
                 ops.scaled_add_(t, grads[t], b=-learning_rate)
             dx = bwd_info.outputs[0]
-    ir.num_host_transfers = num_host_transfers
     return ir
 
 
@@ -97,9 +97,8 @@ def main(argv: Sequence[str] | None = None) -> ProgramReport:
     parser.add_argument("--outlined", action="store_true", help="one forward and one backward graph for all blocks")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--num-host-transfers", type=int, default=1)
     opts = parser.parse_args(argv)
-    ir = mlp_training_ir(opts.batch_size, opts.hidden, opts.blocks, opts.outlined, opts.num_host_transfers)
+    ir = mlp_training_ir(opts.batch_size, opts.hidden, opts.blocks, opts.outlined)
     report = program_report(ir)
     print(report)
     return report

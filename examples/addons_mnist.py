@@ -86,7 +86,14 @@ Optimiser = Callable[[addons.NamedTensors, Mapping[ipuxl.Tensor, ipuxl.Tensor], 
 
 def train_program(batch_size: int, device: str, learning_rate: float, net: type[addons.Module] = Net,
                   optimiser: Optimiser = sgd_step, num_host_transfers: int = 1, replicas: int = 1):
+    """Seed 002's training program: ``num_host_transfers`` SGD steps per ``Session.run``.
+
+    Each step loads its own batch (PopXL: every executed ``host_load`` takes the next
+    slice of its stream); with more than one step per run the steps are unrolled in the
+    main graph, calling the one forward and one backward graph from every step.
+    """
     ir = ipuxl.Ir(replication=replicas)
+    ir.num_host_transfers = num_host_transfers
     with ir.main_graph:
         img_stream = ipuxl.h2d_stream((batch_size, 28, 28), ipuxl.float32, "image")
         img_t = ops.host_load(img_stream)
@@ -96,18 +103,21 @@ def train_program(batch_size: int, device: str, learning_rate: float, net: type[
         facts, fwd_graph = net().create_graph(img_t)
         bwd_graph = addons.autodiff(fwd_graph)
         variables = facts.init()
-        fwd_info = fwd_graph.bind(variables).call_with_info(img_t)
-        x = fwd_info.outputs[0]
+        loss_stream = None
+        for step in range(num_host_transfers):
+            if step:
+                img_t, labels = ops.host_load(img_stream), ops.host_load(label_stream, "labels")
+            fwd_info = fwd_graph.bind(variables).call_with_info(img_t)
+            x = fwd_info.outputs[0]
 
-        loss, dx = addons.ops.cross_entropy_with_grad(x, labels)
-        loss_stream = ipuxl.d2h_stream(loss.shape, loss.dtype, "loss")
-        ops.host_store(loss_stream, loss)
+            loss, dx = addons.ops.cross_entropy_with_grad(x, labels)
+            loss_stream = loss_stream or ipuxl.d2h_stream(loss.shape, loss.dtype, "loss")
+            ops.host_store(loss_stream, loss)
 
-        activations = bwd_graph.grad_graph_info.inputs_dict(fwd_info)
-        bwd_info = bwd_graph.call_with_info(dx, args=activations)
-        grads_dict = bwd_graph.grad_graph_info.fwd_parent_ins_to_grad_parent_outs(fwd_info, bwd_info)
-        optimiser(variables, grads_dict, learning_rate)
-    ir.num_host_transfers = num_host_transfers
+            activations = bwd_graph.grad_graph_info.inputs_dict(fwd_info)
+            bwd_info = bwd_graph.call_with_info(dx, args=activations)
+            grads_dict = bwd_graph.grad_graph_info.fwd_parent_ins_to_grad_parent_outs(fwd_info, bwd_info)
+            optimiser(variables, grads_dict, learning_rate)
     return ipuxl.Session(ir, device), [img_stream, label_stream], variables, loss_stream
 
 

@@ -29,6 +29,10 @@ from ipuxl import dtypes, errors, ops
 from ipuxl.dtypes import (
     dtype, bfloat16, bool, float16, float32, float64, int8, int16, int32, int64, uint8, uint32,
 )
+from ipuxl.dtypes import complex64, complex128, double, float, half, uint16, uint64  # PopXL's aliases and types
+from ipuxl import tensor
+from ipuxl.ir.context import get_ir, get_main_graph, gir, gmg, name_scope
+from ipuxl.ir.graph_builder import graph_output
 from ipuxl.ir import (
     Constant, DeviceToHostStream, Graph, HostToDeviceStream, Ir, ReplicaGrouping, Tensor, TensorByRef, TensorSpec,
     Variable, d2h_stream, gcg, get_current_graph, h2d_stream, in_sequence,
@@ -49,6 +53,7 @@ __version__ = "0.1.0"
 #: name -> (module, attribute in it; None for the module itself), loaded on first use
 _LAZY: dict[str, tuple[str, str | None]] = {
     "optim": ("ipuxl.optim", None),
+    "utils": ("ipuxl.utils", None),
     "transforms": ("ipuxl.transforms", None),
     "Session": ("ipuxl.device", "Session"),
     "AnchorMode": ("ipuxl.poptorch_compat.options", "AnchorMode"),
@@ -83,6 +88,8 @@ __all__ = [
     "Constant", "DeviceToHostStream", "Graph", "HostToDeviceStream", "Ir", "Tensor", "TensorByRef",
     "TensorSpec", "Variable", "ReplicaGrouping", "replica_grouping", "d2h_stream", "gcg", "get_current_graph", "h2d_stream", "in_sequence",
     "create_seeds", "__version__",
+    "half", "float", "double", "uint16", "uint64", "complex64", "complex128", "tensor", "utils", "graph_output",
+    "gmg", "get_main_graph", "gir", "get_ir", "name_scope",
     "AnchorMode", "Options", "OutputMode", "DataLoader", "DataLoaderMode", "PoplarExecutor", "identity_loss",
     "inferenceModel", "trainingModel",
 ]

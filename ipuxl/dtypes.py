@@ -1,42 +1,218 @@
-"""PopXL dtype names, as plain ``torch.dtype`` objects.
+"""PopXL's dtype objects: ``ipuxl.float32``, ``x.dtype``, ``dtype.as_dtype(...)``.
 
-ipuxl tensors carry torch dtypes directly (``ipuxl.float32 is torch.float32``), so a
-graph is ordinary PyTorch code. This module adds PopXL's names and the numpy
-conversions the host streams need.
+Each ``ipuxl.dtypes.dtype`` instance stands for one torch dtype and compares and
+hashes equal to it (``ipuxl.float32 == torch.float32``), so user code and ipuxl's
+internals may mix the two. Graphs keep torch dtypes (``TensorSpec.dtype``,
+``node.meta["val"]``); the public surface (``Tensor.dtype``, ``Stream.dtype``, the
+module-level names) shows these objects, and every function taking a dtype
+accepts a PopXL dtype, a torch dtype, a numpy dtype or a name (``from_any``).
+
+As PopXL: ``half``/``float``/``double`` alias ``float16``/``float32``/``float64``;
+``uint16``, ``uint64`` and the complex types exist as dtypes but no tensor can
+have them (``check_supported``). ipuxl adds ``bfloat16`` (torch's) and
+``dtype.itemsize``; PopXL's ``float8_143``/``float8_152`` have no counterpart.
 """
 from __future__ import annotations
 
 import builtins
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
 
 __all__ = [
-    "dtype", "float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32",
-    "int64", "uint32", "bool", "to_numpy_dtype", "from_any", "dtype_name", "SUPPORTED", "check_supported",
+    "dtype", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "half", "float16",
+    "bfloat16", "float", "float32", "double", "float64", "complex64", "complex128",
+    "to_numpy_dtype", "from_any", "public", "dtype_name", "SUPPORTED", "check_supported", "DTypeLike",
 ]
 
-dtype = torch.dtype  # PopXL's ``popxl.dtype`` (the type of every dtype object)
-float16 = torch.float16
-bfloat16 = torch.bfloat16
-float32 = torch.float32
-float64 = torch.float64
-int8 = torch.int8
-uint8 = torch.uint8
-int16 = torch.int16
-int32 = torch.int32
-int64 = torch.int64
-uint32 = torch.uint32
-bool = torch.bool  # noqa: A001 - PopXL's public name
+_BY_NAME: dict[str, "dtype"] = {}
+_BY_TORCH: dict[torch.dtype, "dtype"] = {}
+_BY_NUMPY: dict[np.dtype, "dtype"] = {}
+_BY_PYTHON: dict[type, "dtype"] = {}
 
-_TO_NUMPY = {
-    torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64,
-    torch.int8: np.int8, torch.uint8: np.uint8, torch.int16: np.int16,
-    torch.int32: np.int32, torch.int64: np.int64, torch.uint32: np.uint32,
-    torch.bool: np.bool_,
-}
-_FROM_NUMPY = {np.dtype(v): k for k, v in _TO_NUMPY.items()}
+
+class dtype:  # noqa: N801 - PopXL's public name
+    """The type of a tensor's elements (PopXL's ``popxl.dtype``).
+
+    Instances are the module's names (``ipuxl.float32``...); the class cannot be
+    instantiated. Each equals, and hashes like, the torch dtype it stands for.
+
+    Example:
+        >>> ipuxl.float32.as_numpy()
+        dtype('float32')
+        >>> ipuxl.dtype.as_dtype("float16") is ipuxl.half
+        True
+    """
+
+    __slots__ = ("_name", "_torch", "_numpy", "_is_complex", "_is_int", "_is_floating_point", "_is_signed")
+    _name: str
+    _torch: torch.dtype
+    _numpy: np.dtype | None
+    _is_complex: builtins.bool
+    _is_int: builtins.bool
+    _is_floating_point: builtins.bool
+    _is_signed: builtins.bool
+
+    def __init__(self) -> None:
+        raise TypeError("cannot create ipuxl.dtypes.dtype instances: use one of the module's dtypes "
+                        "(ipuxl.float32...) or ipuxl.dtype.as_dtype(value)")
+
+    @classmethod
+    def _define(cls, name: str, torch_dtype: torch.dtype, numpy_dtype: Any, python_type: type | None = None) -> "dtype":
+        self = object.__new__(cls)
+        self._name, self._torch = name, torch_dtype
+        self._numpy = np.dtype(numpy_dtype) if numpy_dtype is not None else None
+        self._is_complex = torch_dtype.is_complex
+        self._is_floating_point = torch_dtype.is_floating_point
+        self._is_int = not (self._is_complex or self._is_floating_point or torch_dtype == torch.bool)
+        self._is_signed = torch_dtype.is_signed
+        _BY_NAME[name] = _BY_TORCH[torch_dtype] = self
+        if self._numpy is not None:
+            _BY_NUMPY[self._numpy] = self
+        if python_type is not None:
+            _BY_PYTHON[python_type] = self
+        return self
+
+    # -- PopXL's attributes ---------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """PopXL's name: ``"float32"``."""
+        return self._name
+
+    @property
+    def is_complex(self) -> builtins.bool:
+        return self._is_complex
+
+    @property
+    def is_int(self) -> builtins.bool:
+        """True for signed and unsigned integers (not ``bool``)."""
+        return self._is_int
+
+    @property
+    def is_floating_point(self) -> builtins.bool:
+        return self._is_floating_point
+
+    @property
+    def is_signed(self) -> builtins.bool:
+        return self._is_signed
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return self._torch.itemsize
+
+    # -- conversions ------------------------------------------------------------------
+    @classmethod
+    def from_name(cls, name: str) -> "dtype":
+        """The dtype called ``name`` (``"float32"``; aliases such as ``"half"`` too).
+
+        Raises:
+            ValueError: no dtype has that name.
+        """
+        found = _BY_NAME.get(name) if isinstance(name, str) else None
+        if found is None:
+            raise _value_error(f"there is no ipuxl dtype named {name!r}")
+        return found
+
+    @classmethod
+    def as_dtype(cls, type_value: Any) -> "dtype":
+        """Convert ``type_value`` to a PopXL dtype.
+
+        Args:
+            type_value: a dtype, ``torch.dtype``, numpy dtype (or anything ``np.dtype``
+                accepts), a name, ``builtins.bool``/``float``/``int``, or an array or
+                tensor (its dtype).
+
+        Raises:
+            ValueError: nothing corresponds to ``type_value``.
+        """
+        found = _lookup(type_value)
+        if found is None and hasattr(type_value, "dtype") and not isinstance(type_value, type):
+            found = _lookup(type_value.dtype)
+        if found is None:
+            raise _value_error(f"there is no ipuxl dtype for {type_value!r} (of type {type(type_value).__name__})")
+        return found
+
+    def as_numpy(self) -> np.dtype:
+        """The numpy dtype of this dtype.
+
+        Raises:
+            TypeError: numpy has none (``bfloat16``).
+        """
+        if self._numpy is None:
+            raise _type_error(f"ipuxl.{self._name} has no numpy dtype",
+                              fix="hold bfloat16 host data as float32 (ipuxl.float32.as_numpy())")
+        return self._numpy
+
+    def as_torch(self) -> torch.dtype:
+        """The ``torch.dtype`` this dtype stands for."""
+        return self._torch
+
+    # -- identity -----------------------------------------------------------------------
+    def __eq__(self, other: object) -> builtins.bool:
+        if isinstance(other, dtype):
+            return other is self
+        if isinstance(other, torch.dtype):
+            return other == self._torch
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._torch)
+
+    def __repr__(self) -> str:
+        return f"{__name__}.{self._name}"
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return dtype.from_name, (self._name,)  # pickle and deepcopy keep the module's instance
+
+
+_Dtype = dtype  # the class, where a parameter named ``dtype`` hides it
+
+DTypeLike = Any
+"""What a dtype argument accepts: a PopXL ``dtype``, a ``torch.dtype``, a numpy dtype or a name
+(``from_any`` converts it). ``Any``, as numpy's dtype-like types are."""
+
+
+def _lookup(value: Any) -> "dtype | None":
+    if isinstance(value, dtype):
+        return value
+    for table in (_BY_NAME, _BY_TORCH, _BY_PYTHON):
+        try:
+            found = table.get(value)
+        except TypeError:  # unhashable
+            continue
+        if found is not None:
+            return found
+    try:
+        return _BY_NUMPY.get(np.dtype(value))
+    except (TypeError, ValueError):
+        return None
+
+
+# fmt: off
+bool = dtype._define("bool", torch.bool, np.bool_, builtins.bool)  # noqa: A001 - PopXL's public name
+int8 = dtype._define("int8", torch.int8, np.int8)
+int16 = dtype._define("int16", torch.int16, np.int16)
+int32 = dtype._define("int32", torch.int32, np.int32)
+int64 = dtype._define("int64", torch.int64, np.int64)
+uint8 = dtype._define("uint8", torch.uint8, np.uint8)
+uint16 = dtype._define("uint16", torch.uint16, np.uint16)
+uint32 = dtype._define("uint32", torch.uint32, np.uint32)
+uint64 = dtype._define("uint64", torch.uint64, np.uint64)
+float16 = dtype._define("float16", torch.float16, np.float16)
+bfloat16 = dtype._define("bfloat16", torch.bfloat16, None)
+float32 = dtype._define("float32", torch.float32, np.float32, builtins.float)
+float64 = dtype._define("float64", torch.float64, np.float64)
+complex64 = dtype._define("complex64", torch.complex64, np.complex64)
+complex128 = dtype._define("complex128", torch.complex128, np.complex128)
+# fmt: on
+half = float16
+float = float32  # noqa: A001 - PopXL's alias
+double = float64
+_BY_NAME.update(half=half, float=float32, double=float64)
+del dtype._define  # the instances above are all there are
+
 # Every dtype a tensor, variable, constant or stream can have (the IPU's types).
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16,
              torch.int32, torch.int64, torch.uint32, torch.bool)
@@ -44,19 +220,29 @@ SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.
 DOWNCAST = {torch.float64: torch.float32, torch.int64: torch.int32}
 
 
-def to_numpy_dtype(dtype: torch.dtype) -> np.dtype:
+def public(torch_dtype: torch.dtype) -> "dtype":
+    """The PopXL dtype users see for ``torch_dtype`` (a torch dtype without one is returned as is)."""
+    return _BY_TORCH.get(torch_dtype, torch_dtype)  # type: ignore[arg-type]
+
+
+def to_numpy_dtype(dtype: "torch.dtype | dtype") -> np.dtype:
     """The numpy dtype that holds host data of ``dtype`` (bfloat16 uses float32)."""
     if dtype == torch.bfloat16:
         return np.dtype(np.float32)
-    return np.dtype(_TO_NUMPY[dtype])
+    return _BY_TORCH[_torch_of(dtype)].as_numpy()
+
+
+def _torch_of(value: "torch.dtype | dtype") -> torch.dtype:
+    return value.as_torch() if isinstance(value, dtype) else value
 
 
 def from_any(dtype: object, subject: str | None = None, *, host_data: builtins.bool = True) -> torch.dtype:
-    """Turn a torch dtype, numpy dtype or PopXL-style name into a torch dtype.
+    """Turn a PopXL dtype, torch dtype, numpy dtype or name into a torch dtype.
 
     Args:
-        dtype: a ``torch.dtype`` (returned as it is), a numpy dtype (or anything
-            ``np.dtype`` accepts) of a supported type, or a torch dtype name.
+        dtype: an ``ipuxl.dtypes.dtype`` or ``torch.dtype`` (returned as its torch
+            dtype), a numpy dtype (or anything ``np.dtype`` accepts) of a supported
+            type, or a PopXL or torch dtype name (``"float32"``, ``"half"``).
         subject: what the dtype is for (``"variable 'w'"``), named in the error.
         host_data: the dtype is that of host data (the fix says how to convert it),
             not one asked for (a stream's: the fix says which to ask for).
@@ -67,8 +253,11 @@ def from_any(dtype: object, subject: str | None = None, *, host_data: builtins.b
     """
     if isinstance(dtype, torch.dtype):
         return dtype
+    if isinstance(dtype, _Dtype):
+        return dtype.as_torch()
     if isinstance(dtype, str):
-        found = getattr(torch, dtype, None)
+        named = _BY_NAME.get(dtype)
+        found = named.as_torch() if named is not None else getattr(torch, dtype, None)
         if isinstance(found, torch.dtype):
             return found
         _raise(f"unknown dtype name {dtype!r}", subject, "use a supported dtype, e.g. ipuxl.float32")
@@ -76,21 +265,23 @@ def from_any(dtype: object, subject: str | None = None, *, host_data: builtins.b
         np_dtype = np.dtype(dtype)  # type: ignore[call-overload]
     except (TypeError, ValueError):
         _raise(f"cannot interpret {dtype!r} as a dtype", subject, "use a supported dtype, e.g. ipuxl.float32")
-    if np_dtype not in _FROM_NUMPY:
+    found_np = _BY_NUMPY.get(np_dtype)
+    if found_np is None or found_np.as_torch() not in SUPPORTED:
         _raise(f"dtype {np_dtype} is not supported", subject, _fix_for(np_dtype, host_data))
-    return _FROM_NUMPY[np_dtype]
+    return found_np.as_torch()
 
 
-def check_supported(dtype: torch.dtype, subject: str | None = None, *, host_data: builtins.bool = True) -> torch.dtype:
-    """``dtype`` itself when ipuxl can hold it on the device and stream it; raises otherwise.
+def check_supported(dtype: "torch.dtype | dtype", subject: str | None = None, *,
+                    host_data: builtins.bool = True) -> torch.dtype:
+    """The torch dtype of ``dtype`` when ipuxl can hold it on the device and stream it.
 
     Raises:
-        InvalidArgumentError: (a TypeError) a torch dtype outside ``SUPPORTED``
-            (complex, float8, uint16, uint64...).
+        InvalidArgumentError: (a TypeError) a dtype outside ``SUPPORTED`` (complex,
+            float8, uint16, uint64...).
     """
     if dtype not in SUPPORTED:
-        _raise(f"dtype {dtype_name(dtype)} is not supported", subject, _fix_for(dtype, host_data))
-    return dtype
+        _raise(f"dtype {dtype_name(dtype)} is not supported", subject, _fix_for(_torch_of(dtype), host_data))
+    return _torch_of(dtype)
 
 
 def _fix_for(dtype: np.dtype | torch.dtype, host_data: builtins.bool) -> str:
@@ -117,6 +308,23 @@ def _raise(problem: str, subject: str | None, fix: str) -> NoReturn:
                                where=where, fix=fix) from None
 
 
-def dtype_name(dtype: torch.dtype) -> str:
+def _value_error(problem: str) -> Exception:
+    from ipuxl.errors import DtypeError
+    from ipuxl.ir.context import user_source_line
+
+    return DtypeError(problem, where=user_source_line(),
+                      fix=f"use one of {', '.join(sorted(_BY_NAME))}, or the matching numpy or torch dtype")
+
+
+def _type_error(problem: str, fix: str) -> Exception:
+    from ipuxl.errors import InvalidArgumentError
+    from ipuxl.ir.context import user_source_line
+
+    return InvalidArgumentError(problem, where=user_source_line(), fix=fix)
+
+
+def dtype_name(dtype: "torch.dtype | dtype") -> str:
     """PopXL's short name of a dtype (``float32``, not ``torch.float32``)."""
+    if isinstance(dtype, _Dtype):
+        return dtype.name
     return str(dtype).replace("torch.", "")

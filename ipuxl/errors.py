@@ -30,6 +30,15 @@ __all__ = [
     "ReplicationError",
     "ReplicaFailureError",
     "OutOfMemoryError",
+    "CompatImportError",
+    "CheckpointError",
+    "DtypeError",
+    "UndefinedValue",
+    "CallInputError",
+    "InvalidValueError",
+    "WrongGraphError",
+    "CallIndexError",
+    "UnsupportedError",
 ]
 
 
@@ -55,6 +64,12 @@ class GraphContextError(CaptureError, RuntimeError):
     """An op was built outside any graph, or with a tensor of another graph."""
 
 
+class WrongGraphError(GraphContextError, ValueError):
+    """A tensor is used in a graph it does not belong to, or a variable is created outside
+    the main graph (PopXL raises a ValueError; as a ``GraphContextError`` this is also a
+    RuntimeError)."""
+
+
 class ShapeMismatchError(CaptureError, ValueError):
     """An op's inputs have incompatible shapes or dtypes (found at build time)."""
 
@@ -63,13 +78,42 @@ class InvalidArgumentError(CaptureError, TypeError):
     """An argument has a type that the API cannot accept."""
 
 
+class InvalidValueError(CaptureError, ValueError):
+    """An argument has an accepted type but a value the API cannot take."""
+
+
 class NameConflictError(CaptureError, ValueError):
     """A name is used twice where names must be unique (variable inputs, tree keys)."""
+
+
+class CallInputError(CaptureError, ValueError):
+    """A subgraph call's inputs do not match the called graph's: too many, missing,
+    given twice, or not inputs of that graph (PopXL raises a ValueError)."""
 
 
 class TraceError(CaptureError, RuntimeError):
     """An ``nn.Module`` could not be traced into a graph (data-dependent control flow,
     ``.item()``, an op without a tracing rule, a model without a loss...)."""
+
+
+class CallIndexError(CaptureError, IndexError):
+    """An input or output index outside a call site's (``CallSiteInfo`` index maps)."""
+
+
+class UnsupportedError(IpuxlError, NotImplementedError):
+    """A feature or option that PopXL, or ipuxl, does not have here (float8 options, a
+    collective over a grouping without one stride); a NotImplementedError, so also the
+    RuntimeError PopXL raises in some of these cases."""
+
+
+class DtypeError(IpuxlError, ValueError):
+    """Nothing names the dtype asked for (``dtype.as_dtype``, ``dtype.from_name``: PopXL
+    raises a ValueError)."""
+
+
+class UndefinedValue(IpuxlError):
+    """A tensor's value was read where it has none (PopXL's ``popxl.errors.UndefinedValue``):
+    ``Tensor`` handles of a graph being built hold no data."""
 
 
 # -- passes -----------------------------------------------------------------------
@@ -154,6 +198,17 @@ class FrozenOptionsError(OptionsError, AttributeError):
 class AlreadyWrappedError(IpuxlError, RuntimeError):
     """``trainingModel`` of a module that a live training model already wraps (PopTorch
     raises a RuntimeError too): ``destroy()`` the existing wrapper first."""
+
+
+# -- running Graphcore programs unchanged (ipuxl.compat) ---------------------------
+class CheckpointError(IpuxlError, ValueError):
+    """A checkpoint's variable names do not match the model's (popxl.addons' ``TaskSession``
+    with ``report_missing="error"``; upstream raises a ValueError)."""
+
+
+class CompatImportError(IpuxlError, ModuleNotFoundError):
+    """A PopXL, popxl.addons or PopTorch module that ipuxl does not provide was imported
+    through ``ipuxl.compat`` (``err.name`` is the upstream module's path)."""
 
 
 # -- data -------------------------------------------------------------------------

@@ -47,6 +47,15 @@ HIERARCHY = [
     (errors.InplaceOrderError, PassError, (RuntimeError,)),
     (OutOfMemoryError, DeviceError, (RuntimeError, MemoryError)),
     (errors.AlreadyWrappedError, IpuxlError, (RuntimeError,)),
+    (errors.WrongGraphError, GraphContextError, (ValueError, RuntimeError)),
+    (errors.InvalidValueError, CaptureError, (ValueError,)),
+    (errors.CallInputError, CaptureError, (ValueError,)),
+    (errors.CallIndexError, CaptureError, (IndexError,)),
+    (errors.DtypeError, IpuxlError, (ValueError,)),
+    (errors.UndefinedValue, IpuxlError, ()),
+    (errors.UnsupportedError, IpuxlError, (NotImplementedError, RuntimeError)),
+    (errors.CheckpointError, IpuxlError, (ValueError,)),
+    (errors.CompatImportError, IpuxlError, (ModuleNotFoundError, ImportError)),
 ]
 
 
@@ -230,7 +239,7 @@ def test_call_missing_inputs():
     ir, _, _, _ = _program()
     graph = _subgraph(ir)
     with ir.main_graph:
-        with expect(InvalidArgumentError, TypeError, f"call of graph '{graph.name}'", "missing inputs ['a']",
+        with expect(errors.CallInputError, ValueError, f"call of graph '{graph.name}'", "missing inputs ['a']",
                     "inputs_dict") as info:
             ops.call(graph)
     assert THIS_FILE in info.value.where
@@ -240,7 +249,7 @@ def test_call_extra_inputs():
     ir, _, x, _ = _program()
     graph = _subgraph(ir)
     with ir.main_graph:
-        with expect(InvalidArgumentError, TypeError, "2 positional inputs", f"graph '{graph.name}'",
+        with expect(errors.CallInputError, ValueError, "2 positional inputs", f"graph '{graph.name}'",
                     "1 inputs", "['a']"):
             ops.call(graph, x, x)
 
@@ -249,7 +258,7 @@ def test_call_input_given_twice():
     ir, _, x, _ = _program()
     graph = _subgraph(ir)
     with ir.main_graph:
-        with expect(InvalidArgumentError, TypeError, "input 'a'", "given twice"):
+        with expect(errors.CallInputError, ValueError, "input 'a'", "given twice"):
             ops.call(graph, x, inputs_dict={graph.inputs[0]: x})
 
 
@@ -257,7 +266,7 @@ def test_call_inputs_dict_key_not_a_graph_input():
     ir, _, x, _ = _program()
     graph = _subgraph(ir)
     with ir.main_graph:
-        with expect(InvalidArgumentError, TypeError, "is not an input of the called graph", "['a']"):
+        with expect(errors.CallInputError, ValueError, "is not an input of the called graph", "['a']"):
             ops.call(graph, inputs_dict={x: x})
 
 
@@ -279,7 +288,7 @@ def test_repeat_errors():
     graph = _subgraph(ir)
     mismatched = ir.create_graph(lambda a: ops.reshape(a, (1, 2)), ipuxl.TensorSpec((2,), F32))
     with ir.main_graph:
-        with expect(InvalidArgumentError, TypeError, "repeat count", "-1", graph.name):
+        with expect(errors.InvalidValueError, ValueError, "repeat count", "-1", graph.name):
             ops.repeat(graph, -1, x)
         with expect(ShapeMismatchError, ValueError, "loop-carried input 0", "(2,)", "(1, 2)"):
             ops.repeat(mismatched, 2, x)
@@ -324,9 +333,23 @@ def test_host_transfer_stream_checks():
             ops.host_load(ipuxl.d2h_stream((2,), F32, "d2h"))
         with expect(GraphContextError, RuntimeError, "stream 'foreign'", "another Ir"):
             ops.host_store(foreign, x)
-    with _subgraph(ir):
-        with expect(GraphContextError, RuntimeError, "host_load", "main graph only"):
-            ops.host_load(ipuxl.h2d_stream((2,), F32, "in_sub"))
+    with other.main_graph:
+        foreign_in = ipuxl.h2d_stream((2,), F32, "foreign_in")
+    with _subgraph(ir):  # host transfers are ops of any graph, of the stream's own Ir
+        with expect(GraphContextError, RuntimeError, "stream 'foreign_in'", "another Ir"):
+            ops.host_load(foreign_in)
+
+
+def test_transfers_other_than_num_host_transfers_are_refused_at_run():
+    ir = ipuxl.Ir()
+    ir.num_host_transfers = 3
+    with ir.main_graph:
+        x_stream = ipuxl.h2d_stream((2,), F32, "x")
+        ops.host_store(ipuxl.d2h_stream((2,), F32, "y"), ops.host_load(x_stream) * 2.0)
+    with ipuxl.Session(ir) as session:
+        with expect(StreamInputError, ValueError, "stream 'x' is loaded 1 time(s) per run",
+                    "ir.num_host_transfers is 3", "set ir.num_host_transfers = 1", "ops.repeat(step_graph, 3)"):
+            session.run({x_stream: np.zeros((3, 2), np.float32)})
 
 
 # -- variables data ------------------------------------------------------------------
@@ -369,9 +392,10 @@ def test_failure_inside_the_program_names_the_step():
     ir.num_host_transfers = 2
     with ir.main_graph:
         index_stream = ipuxl.h2d_stream((3,), ipuxl.int32, "idx")
+        rows_stream = ipuxl.d2h_stream((3, 2), F32, "rows")
         table = ipuxl.variable(np.ones((4, 2), np.float32), name="table")
-        rows = ops.gather(table, ops.host_load(index_stream))
-        ops.host_store(ipuxl.d2h_stream(rows.shape, rows.dtype, "rows"), rows)
+        for _ in range(2):  # two steps, unrolled: each loads its indices
+            ops.host_store(rows_stream, ops.gather(table, ops.host_load(index_stream)))
     with ipuxl.Session(ir) as session:
         with expect(DeviceError, RuntimeError, "failed in step 2 of 2", "index out of range", "indices in range"):
             session.run({index_stream: np.array([[0, 1, 2], [0, 1, 9]], np.int32)})

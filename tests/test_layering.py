@@ -18,9 +18,11 @@ import ipuxl
 
 PACKAGE = pathlib.Path(ipuxl.__file__).parent
 FRONT_ENDS = ("ipuxl.poptorch_compat", "ipuxl.addons_compat")
+# ``ipuxl.compat`` (running Graphcore's programs unchanged) aliases both front ends: it sits above them.
+ALIASES = ("ipuxl.compat",)
 # Public namespaces that re-export the front ends' names (loaded lazily, PEP 562).
 FACADES = ("ipuxl", "ipuxl.optim")
-UPPER = ("ipuxl.capture", "ipuxl.passes", "ipuxl.device", "ipuxl.transforms", *FRONT_ENDS)
+UPPER = ("ipuxl.capture", "ipuxl.passes", "ipuxl.device", "ipuxl.transforms", *FRONT_ENDS, *ALIASES)
 
 # Private attributes of torch and Python that ipuxl reads on purpose (no public API exists).
 FOREIGN_PRIVATES = {
@@ -97,9 +99,14 @@ def test_ir_and_ops_import_nothing_above_them():
 
 def test_only_the_front_ends_import_the_front_ends():
     def rule(module, target, names):
-        return (_within(target, FRONT_ENDS) and not _within(module, FRONT_ENDS) and module not in FACADES)
+        return (_within(target, FRONT_ENDS) and not _within(module, (*FRONT_ENDS, *ALIASES))
+                and module not in FACADES)
 
     assert _violations(rule) == []
+
+
+def test_nothing_imports_the_compat_aliases():
+    assert _violations(lambda m, t, n: _within(t, ALIASES) and not _within(m, ALIASES)) == []
 
 
 def test_passes_do_not_import_the_device():
@@ -159,6 +166,7 @@ def test_the_checks_catch_a_violation(tmp_path):
     ("ipuxl.ops", ("ipuxl.device", "ipuxl.passes", "ipuxl.capture", *FRONT_ENDS)),
     ("ipuxl.ir", ("ipuxl.device", "ipuxl.passes", "ipuxl.capture", *FRONT_ENDS)),
     ("ipuxl.passes", ("ipuxl.device", *FRONT_ENDS)),
+    ("ipuxl", ("ipuxl.compat",)),
 ])
 def test_importing_a_layer_loads_nothing_above_it(module, absent):
     code = f"import sys, {module}; print('\\n'.join(sorted(sys.modules)))"

@@ -16,33 +16,42 @@ import ipuxl.optim
 import ipuxl.transforms
 
 IPUXL = [
-    "AnchorMode", "Constant", "DataLoader", "DataLoaderMode", "DeviceToHostStream", "Graph",
-    "HostToDeviceStream", "Ir", "Module", "Options", "OutputMode", "PoplarExecutor", "ReplicaGrouping", "Session", "Tensor",
-    "TensorByRef", "TensorSpec", "Variable", "__version__", "bfloat16", "bool", "constant", "create_seeds",
-    "d2h_stream", "dtype", "dtypes", "errors", "float16", "float32", "float64", "gcg", "get_current_graph",
-    "graph_input", "h2d_stream", "identity_loss", "in_sequence", "inferenceModel", "int16", "int32", "int64",
-    "int8", "ops", "optim", "replica_grouping", "trainingModel", "transforms", "uint32", "uint8", "variable",
+    "AnchorMode", "Constant", "DataLoader", "DataLoaderMode", "DeviceToHostStream", "Graph", "HostToDeviceStream",
+    "Ir", "Module", "Options", "OutputMode", "PoplarExecutor", "ReplicaGrouping", "Session", "Tensor",
+    "TensorByRef", "TensorSpec", "Variable", "__version__", "bfloat16", "bool", "complex128", "complex64",
+    "constant", "create_seeds", "d2h_stream", "double", "dtype", "dtypes", "errors", "float", "float16", "float32",
+    "float64", "gcg", "get_current_graph", "get_ir", "get_main_graph", "gir", "gmg", "graph_input", "graph_output",
+    "h2d_stream", "half", "identity_loss", "in_sequence", "inferenceModel", "int16", "int32", "int64", "int8",
+    "name_scope", "ops", "optim", "replica_grouping", "tensor", "trainingModel", "transforms", "uint16", "uint32",
+    "uint64", "uint8", "utils", "variable"
 ]
 
 OPS = [
-    "CallSiteInfo", "abs", "add", "add_", "argmax", "argmin", "average_pool", "call", "call_with_info", "cast",
-    "ceil", "clip", "collectives", "concat", "conv", "cos", "create_seeds", "detach", "div", "dropout", "equal", "exp",
-    "flatten", "floor", "fmod", "gather", "gelu", "getitem", "greater", "host_load", "host_store", "identity",
-    "isinf", "isnan", "l1", "l2", "lamb_square", "layer_norm", "less", "log", "log_softmax", "logical_and",
-    "logical_not", "logical_or", "logsumexp", "matmul", "max", "max_pool", "maximum", "mean", "min", "minimum",
-    "mul", "negate", "nll_loss", "nll_loss_with_softmax_grad", "onehot", "pow", "prod", "random_normal",
-    "random_uniform", "reduce_max", "reduce_mean", "reduce_min", "reduce_sum", "relu", "repeat",
-    "repeat_with_info", "reshape", "scaled_add", "scaled_add_", "sigmoid", "sign", "sin", "slice", "softmax",
-    "split", "split_random_seed", "sqrt", "squeeze", "sub", "sum", "sumsquare", "swish", "tanh", "transpose",
-    "unsqueeze", "var_updates", "where",
+    "CallSiteInfo", "ConditionalSiteInfo", "PadType", "abs", "add", "add_", "argmax", "argmin", "average_pool",
+    "batch_norm_inference", "call", "call_with_info", "cast", "ceil", "clamp", "clip", "collectives", "concat",
+    "concat_", "conditional", "conditional_with_info", "conv", "conv_transpose", "cos", "create_seeds", "cumsum",
+    "detach", "detach_", "div", "dropout", "dynamic_slice", "dynamic_update", "dynamic_update_", "equal", "exp",
+    "exp_", "flatten", "flatten_", "floor", "fmod", "gather", "gelu", "gelu_", "geluerf", "geluerf_", "getitem",
+    "greater", "group_norm", "histogram", "host_load", "host_store", "identity", "increment_mod", "increment_mod_",
+    "init", "interpolate", "isfinite", "isinf", "isnan", "l1", "l2", "lamb_square", "layer_norm", "less", "log",
+    "log2", "log_softmax", "logical_and", "logical_not", "logical_or", "logsum", "logsumexp", "matmul", "max",
+    "max_pool", "maximum", "mean", "median", "min", "minimum", "mul", "negate", "nll_loss",
+    "nll_loss_with_softmax_grad", "onehot", "pow", "print_tensor", "prod", "random_normal", "random_uniform",
+    "reduce_max", "reduce_mean", "reduce_min", "reduce_sum", "relu", "relu_", "repeat", "repeat_with_info",
+    "reshape", "reshape_", "roi_align", "scaled_add", "scaled_add_", "scatter", "scatter_reduce", "shaped_dropout",
+    "sigmoid", "sign", "sin", "slice", "slice_", "softmax", "split", "split_random_seed", "sqrt", "squeeze", "sub",
+    "subsample", "sum", "sumsquare", "swish", "swish_", "tanh", "tied_gather", "topk", "transpose", "transpose_",
+    "unsqueeze", "var_updates", "where"
 ]
 
 TRANSFORMS = ["ExpectedConnection", "ExpectedConnectionType", "GradGraphInfo", "autodiff"]
 
 ADDONS = [
-    "BoundGraph", "Conv2D", "DotTree", "Embedding", "GraphCache", "GraphWithNamedArgs", "LayerNorm", "Linear",
-    "Module", "NamedTensors", "NamedVariableFactories", "TensorMap", "VariableFactory", "add_variable_input",
-    "autodiff", "autodiff_with_accumulation", "layers", "ops", "to_mapping",
+    "BoundGraph", "Conv2D", "DotTree", "Embedding", "GraphCache", "GraphWithNamedArgs", "GroupNorm", "InputStreams",
+    "LayerNorm", "Linear", "Module", "NamedReplicaGrouping", "NamedTensors", "NamedVariableFactories",
+    "OutputStreams", "TensorMap", "VariableFactory", "add_variable_input", "array_munging", "autodiff",
+    "autodiff_with_accumulation", "cross_entropy", "cross_entropy_with_grad", "host_load", "host_store", "layers",
+    "named_replica_grouping", "ops", "optimizers", "seed_variable", "to_mapping", "transforms"
 ]
 
 OPTIM = [

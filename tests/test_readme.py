@@ -32,8 +32,26 @@ def test_readme_example_runs_and_matches_eager():
     assert_close(torch.from_numpy(session.get_tensor_data(w)), w0.detach() - 0.1 * grad)
 
 
+def _block(marker: str) -> str:
+    """The README's Python block that contains ``marker``."""
+    return [c for c in re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S) if marker in c][0]
+
+
+def test_readme_device_loop_example_matches_an_eager_loop():
+    scope: dict = {}
+    exec(compile(_block("the device loop: 50 iterations"), "README.md", "exec"), scope)
+    w = torch.zeros(4, 1)
+    losses = []
+    for x in torch.from_numpy(scope["xs"]):
+        err = x @ w - 1.0
+        losses.append((err * err).mean())
+        w = w - 0.01 * (x.T @ err)
+    assert_close(torch.from_numpy(scope["losses"]), torch.stack(losses))
+    assert_close(torch.from_numpy(scope["session"].get_tensor_data(scope["w"])), w)
+
+
 def test_readme_poptorch_example_runs_and_matches_eager_eval():
-    code = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)[1]
+    code = _block("ipuxl.trainingModel(")
     scope: dict = {}
     exec(compile(code, "README.md", "exec"), scope)
     model, dataset = scope["model"], scope["dataset"]

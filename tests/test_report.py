@@ -25,12 +25,15 @@ SPEC = IpuSpec()
 
 
 def matmul_program(m: int, k: int, n: int, num_host_transfers: int = 1, replication: int = 1) -> ipuxl.Ir:
+    """A device loop of ``num_host_transfers`` steps: load x, store ``x @ w``."""
     ir = ipuxl.Ir(replication=replication)
-    with ir.main_graph:
-        x = ops.host_load(ipuxl.h2d_stream((m, k), F32, "x"))
-        w = ipuxl.variable(np.ones((k, n), np.float32), name="w")
-        ops.host_store(ipuxl.d2h_stream((m, n), F32, "y"), x @ w)
     ir.num_host_transfers = num_host_transfers
+    with ir.main_graph:
+        x_stream = ipuxl.h2d_stream((m, k), F32, "x")
+        y_stream = ipuxl.d2h_stream((m, n), F32, "y")
+        w = ipuxl.variable(np.ones((k, n), np.float32), name="w")
+        step = ir.create_graph(lambda w: ops.host_store(y_stream, ops.host_load(x_stream) @ w), w)
+        ops.repeat(step, num_host_transfers, w)
     return ir
 
 
@@ -41,9 +44,11 @@ def test_matmul_flops_are_2mnk_per_step():
     assert report.flops_per_device_iteration == 2 * m * n * k
     assert report.flops_per_run == 5 * 2 * m * n * k
     assert report.flops_per_run_all_replicas == 2 * 5 * 2 * m * n * k
-    main = report.graph("main_graph")
-    assert main.op_counts == {"host_load": 1, "matmul": 1, "host_store": 1}
-    assert main.code_ops == 3 and main.code_bytes == 3 * 8 * KiB
+    assert report.graph("main_graph").op_counts == {"repeat": 1}
+    body = report.graph(report.graphs[1].name)
+    assert body.compiled_as == "loop body" and body.flops == 2 * m * n * k
+    assert body.op_counts == {"host_load": 1, "matmul": 1, "host_store": 1}
+    assert body.code_ops == 3 and body.code_bytes == 3 * 8 * KiB
     assert report.memory.variable_bytes == k * n * 4
 
 

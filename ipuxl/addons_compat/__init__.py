@@ -1,21 +1,30 @@
 """popxl.addons compatibility: ``import ipuxl.addons_compat as addons``.
 
 Reproduces popxl.addons' Module, DotTree/NamedTensors, variable factories,
-GraphWithNamedArgs, BoundGraph, GraphCache, autodiff transforms, cross entropy ops
-and common layers on ipuxl's core API.
+GraphWithNamedArgs, BoundGraph, GraphCache, transforms (autodiff, recomputation,
+repeat_graph), ops (cross entropy, host transfers), layers, optimisers,
+``InputStreams``/``OutputStreams``, ``seed_variable``, ``NamedReplicaGrouping``,
+``array_munging``, ``testing_utils`` and ``TaskSession`` on ipuxl's core API, module
+by module as upstream lays them out.
 """
-from ipuxl.addons_compat import layers, ops
+from ipuxl.addons_compat import array_munging, layers, named_replica_grouping, ops, optimizers, transforms
 from ipuxl.addons_compat.dot_tree import DotTree, to_mapping
 from ipuxl.addons_compat.graph import BoundGraph, GraphWithNamedArgs
 from ipuxl.addons_compat.graph_cache import GraphCache
-from ipuxl.addons_compat.layers import Conv2D, Embedding, LayerNorm, Linear
+from ipuxl.addons_compat.layers import Conv2D, Embedding, GroupNorm, LayerNorm, Linear
 from ipuxl.addons_compat.module import Module
+from ipuxl.addons_compat.named_replica_grouping import NamedReplicaGrouping
 from ipuxl.addons_compat.named_tensors import NamedTensors, TensorMap
+from ipuxl.addons_compat.ops import cross_entropy, cross_entropy_with_grad, host_load, host_store
+from ipuxl.addons_compat.random_seed import seed_variable
+from ipuxl.addons_compat.streams import InputStreams, OutputStreams
 from ipuxl.addons_compat.transforms import autodiff, autodiff_with_accumulation
 from ipuxl.addons_compat.variable_factory import NamedVariableFactories, VariableFactory, add_variable_input
 
 __all__ = [
-    "layers", "ops", "DotTree", "to_mapping", "BoundGraph", "GraphWithNamedArgs", "GraphCache", "Conv2D",
-    "Embedding", "LayerNorm", "Linear", "Module", "NamedTensors", "TensorMap", "autodiff",
-    "autodiff_with_accumulation", "NamedVariableFactories", "VariableFactory", "add_variable_input",
+    "array_munging", "layers", "named_replica_grouping", "ops", "optimizers", "transforms", "DotTree",
+    "to_mapping", "BoundGraph", "GraphWithNamedArgs", "GraphCache", "Conv2D", "Embedding", "GroupNorm",
+    "LayerNorm", "Linear", "Module", "NamedReplicaGrouping", "NamedTensors", "TensorMap", "cross_entropy",
+    "cross_entropy_with_grad", "host_load", "host_store", "seed_variable", "InputStreams", "OutputStreams",
+    "autodiff", "autodiff_with_accumulation", "NamedVariableFactories", "VariableFactory", "add_variable_input",
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+from ipuxl.addons_compat.grad_graph import Aux
 from ipuxl.addons_compat.named_tensors import NamedTensors, TensorMap
 from ipuxl.errors import InvalidArgumentError
 from ipuxl.ir import context
@@ -81,12 +82,19 @@ class GraphWithNamedArgs:
     """
 
     def __init__(self, graph: Graph, args: NamedTensors | None = None,
-                 grad_graph_info: GradGraphInfo | None = None, from_module: "Module | None" = None):
+                 grad_graph_info: GradGraphInfo | None = None, from_module: "Module | None" = None,
+                 aux: "Aux | None" = None):
         self.graph = graph
         self.args = args if args is not None else NamedTensors()
         self._grad_graph_info = grad_graph_info
         self._from_module = from_module
+        self.aux = aux if aux is not None else Aux()
         self.autodiff_applied = False
+
+    @property
+    def from_module(self) -> "Module | None":
+        """The module whose ``create_graph`` made this graph, if any."""
+        return self._from_module
 
     @classmethod
     def from_grad_graph(cls, grad_graph_info: GradGraphInfo, args: NamedTensors | None = None) -> "GraphWithNamedArgs":
@@ -140,7 +148,8 @@ class GraphWithNamedArgs:
         self._grad_graph_info = info
 
     def copy(self) -> "GraphWithNamedArgs":
-        return GraphWithNamedArgs(self.graph, self.args.copy(), self._grad_graph_info)
+        return GraphWithNamedArgs(self.graph, self.args.copy(), self._grad_graph_info, self._from_module,
+                                  self.aux.copy())
 
     def print_schedule(self) -> str:
         """The schedule in popxl.addons' text form, named inputs shown as ``name=%k``."""

@@ -5,20 +5,23 @@
 assigned as attributes share their trees with the parent under the attribute name,
 so calling ``self.fc1(x)`` inside ``build`` inlines fc1's ops and its inputs appear
 as ``fc1.weight``. ``create_graph`` returns ``(factories, GraphWithNamedArgs)`` and
-resets the module, which keeps no state between graphs (as upstream).
+resets the module, which keeps no state between graphs (as upstream). A module may
+write its own gradient in ``build_grad`` (see ``grad_graph``): ``autodiff`` then uses it.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator
+import warnings
+from typing import Any, Callable, Iterable, Iterator, Literal
 
-import torch
 
+from ipuxl.dtypes import DTypeLike
 from ipuxl.addons_compat.dot_tree import clear_leaves
+from ipuxl.addons_compat.grad_graph import Aux, VarGrads, build_grad_graph
 from ipuxl.addons_compat.graph import GraphWithNamedArgs
 from ipuxl.addons_compat.graph_cache import GraphCache
 from ipuxl.addons_compat.named_tensors import NamedTensors
 from ipuxl.addons_compat.variable_factory import NamedVariableFactories, VariableFactory, add_variable_input
-from ipuxl.errors import InvalidArgumentError, NameConflictError
+from ipuxl.errors import AutodiffError, InvalidArgumentError, NameConflictError
 from ipuxl.ir import context, graph_builder
 from ipuxl.ir.tensor import Tensor
 
@@ -30,6 +33,13 @@ class Module(graph_builder.Module):
 
     Args:
         cache: reuse one graph for ``create_graph`` calls with equal argument specs.
+        grad_inlining_error: what calling a module that implements ``build_grad``
+            directly inside another module's ``build`` (inlining it, so its
+            ``build_grad`` is never used) does: "error" (default), "warning" or "none".
+
+    Raises:
+        AutodiffError: (a ValueError) an unknown ``grad_inlining_error``, or ``cache``
+            with ``build_grad`` (as upstream).
 
     Example:
         >>> class Scale(Module):
@@ -40,11 +50,58 @@ class Module(graph_builder.Module):
 
     _sub_modules: list["Module"]
 
-    def __init__(self, cache: bool = False):
+    def __init__(self, cache: bool = False, grad_inlining_error: Literal["error", "warning", "none"] = "error"):
         self._variable_factories = NamedVariableFactories()
         self._named_inputs = NamedTensors()
         self._graph_cache = GraphCache() if cache else None
         self._args_cache: dict[Any, tuple[NamedVariableFactories, NamedTensors]] = {}
+        self.aux = Aux()
+        self.var_grad = VarGrads()
+        self.grad_inlining_error = grad_inlining_error
+        if grad_inlining_error not in ("error", "warning", "none"):
+            raise AutodiffError(f"grad_inlining_error should be one of 'error', 'warning', 'none'. "
+                                f"Not: {grad_inlining_error!r}", where=context.user_source_line())
+        if cache and self.implements_grad_graph:
+            raise AutodiffError(f"{type(self).__name__}: graph caching cannot be used with build_grad",
+                                where=context.user_source_line(), fix="create the module with cache=False")
+
+    # -- hand-written gradients ---------------------------------------------------------
+    @property
+    def implements_grad_graph(self) -> bool:
+        """Whether this module's class overrides ``build_grad``."""
+        return type(self).build_grad is not Module.build_grad
+
+    def build_grad(self, *grads: Tensor) -> Any:
+        """Override to write the gradient graph: one input per forward output's gradient,
+        one output per non-variable forward input's gradient (in order); variables'
+        gradients go in ``self.var_grad[name]``, saved forward tensors come from ``self.aux``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement `build_grad` to create a gradient graph")
+
+    def create_grad_graph(self, fwd_graph: GraphWithNamedArgs, grads_provided: Iterable[Tensor] | None = None,
+                          grads_required: Iterable[Tensor] | None = None) -> GraphWithNamedArgs:
+        """The gradient graph ``build_grad`` writes for ``fwd_graph`` (which gains the aux
+        tensors as outputs, so call it once per forward graph).
+
+        Raises:
+            AutodiffError: the module does not implement ``build_grad``, or the graph it
+                builds does not fit ``fwd_graph`` (see ``grad_graph.build_grad_graph``).
+        """
+        if not self.implements_grad_graph:
+            raise AutodiffError(f"{type(self).__name__}.create_grad_graph: the module does not implement build_grad",
+                                where=context.user_source_line(), fix="override build_grad, or use autodiff")
+        info = build_grad_graph(self, fwd_graph, grads_provided, grads_required)
+        self._reset()
+        return GraphWithNamedArgs.from_grad_graph(info)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.implements_grad_graph and self.grad_inlining_error != "none":
+            message = (f"{type(self).__name__} is called directly but implements `build_grad`: inlined into the "
+                       "caller, its build_grad is not used by autodiff. Create a graph of this module and call it "
+                       "(e.g. self.call_module(module)); to disable this guardrail set grad_inlining_error='none'")
+            if self.grad_inlining_error == "error":
+                raise AutodiffError(message, where=context.user_source_line())
+            warnings.warn(message, stacklevel=2)
+        return super().__call__(*args, **kwargs)
 
     @property
     def variable_factories(self) -> NamedVariableFactories:
@@ -87,7 +144,7 @@ class Module(graph_builder.Module):
 
     # -- named inputs ---------------------------------------------------------------------
     def add_variable_input(self, name: str, data_iter: Callable[[], Any] | Iterable[Any],
-                           dtype: torch.dtype | None = None, by_ref: bool = False,
+                           dtype: DTypeLike = None, by_ref: bool = False,
                            replica_grouping: Any = None, overwrite: bool = False) -> Tensor:
         """Add a named graph input with a factory for its variables; returns the input tensor.
 
@@ -149,16 +206,19 @@ class Module(graph_builder.Module):
                 self._args_cache[graph] = (self._variable_factories.copy(), self._named_inputs.copy())
             factories, named = self._args_cache[graph]
         else:
+            self.aux = Aux()
             graph = ir.create_graph(self, *args, **kwargs)
             factories, named = self._variable_factories, self._named_inputs
-        result = factories.copy(), GraphWithNamedArgs(graph, named.copy(), from_module=self)
+        result = factories.copy(), GraphWithNamedArgs(graph, named.copy(), from_module=self, aux=self.aux.copy())
         self._reset()
         return result
 
     def _reset(self) -> None:
-        """Forget the inputs of the last graph (submodule subtrees are kept, emptied)."""
+        """Forget the inputs and aux of the last graph (submodule subtrees are kept, emptied)."""
         clear_leaves(self._variable_factories)
         clear_leaves(self._named_inputs)
+        self.aux = Aux()
+        self.var_grad = VarGrads()
 
     def call_module(self, module: "Module", name: str | None = None) -> Callable[..., tuple[Tensor, ...]]:
         """Outline ``module``: build its graph, add its inputs under ``name`` and return a caller."""

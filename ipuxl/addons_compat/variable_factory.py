@@ -15,7 +15,7 @@ import torch
 from ipuxl.addons_compat.dot_tree import DotTree
 from ipuxl.addons_compat.named_tensors import NamedTensors
 from ipuxl.ir.graph_builder import graph_input, variable
-from ipuxl.dtypes import DOWNCAST, from_any
+from ipuxl.dtypes import DOWNCAST, DTypeLike, dtype_name, from_any
 from ipuxl.errors import GraphContextError, InvalidArgumentError
 from ipuxl.ir import context
 from ipuxl.ir.tensor import Tensor
@@ -35,7 +35,7 @@ class VariableFactory:
         by_ref: graph inputs made by this factory are passed by reference.
     """
 
-    def __init__(self, data_iter: Callable[[], Any] | Iterable[Any], dtype: torch.dtype | None = None,
+    def __init__(self, data_iter: Callable[[], Any] | Iterable[Any], dtype: DTypeLike = None,
                  name: str | None = None, by_ref: bool = False, replica_grouping: Any = None):
         if callable(data_iter):
             source = data_iter
@@ -82,7 +82,7 @@ class VariableFactory:
         return variable(self.next_data(), self.dtype, name or self.name)
 
     def __repr__(self) -> str:
-        return f"VariableFactory({self.name!r}, shape={self.shape}, dtype={str(self.dtype).replace('torch.', '')})"
+        return f"VariableFactory({self.name!r}, shape={self.shape}, dtype={dtype_name(self.dtype)})"
 
 
 def _host(data: Any) -> Any:
@@ -110,7 +110,7 @@ class NamedVariableFactories(DotTree[VariableFactory]):
         return NamedTensors.from_dict(created)
 
 
-def add_variable_input(name: str, data_iter: Callable[[], Any] | Iterable[Any], dtype: torch.dtype | None = None,
+def add_variable_input(name: str, data_iter: Callable[[], Any] | Iterable[Any], dtype: DTypeLike = None,
                        by_ref: bool = False, replica_grouping: Any = None) -> tuple[Tensor, VariableFactory]:
     """A graph input of the current graph and the factory for its variables."""
     factory = VariableFactory(data_iter, dtype, name, by_ref, replica_grouping)

@@ -31,7 +31,7 @@ def graph_from_trace(ir: Ir, traced: TracedModule) -> Graph:
         block.entry.graph = graph_from_trace(ir, block.traced)
     graph = ir.new_subgraph(traced.name)
     env = _bind_inputs(graph, traced)
-    copy_fx_body(traced.gm, graph.fx, env, graph.constants, ir)
+    copy_fx_body(traced.gm, graph.fx, env, graph.constant_data, ir)
     out_names = ([f"output{i}" for i in range(traced.n_outputs)] + [f"{m}.new" for m in traced.mutated]
                  + [f"{traced.input_names[i]}.new" for i in traced.mutated_inputs])
     outputs = []

@@ -1,16 +1,20 @@
 """Why a device program failed: the op, the user's line, the state it left, a fix.
 
-Only on the failure path (the per-step loop of ``Session._steps`` stays a plain loop
-of calls): the failed step alone is run again through ``torch.fx.Interpreter`` on
-copies of the variables (``_Rerun``), stepping into called compiled graphs, and the
-node that raises names the op and the user's source line recorded when it was built.
-The copies' version counters tell which variables the step had already written.
+Only on the failure path (a run is one call of the compiled main program): the
+program is run again through ``torch.fx.Interpreter`` on copies of the variables and
+of the run's stream data (``_Rerun``), stepping into called compiled graphs and loop
+bodies, and the node that raises names the op and the user's source line recorded
+when it was built. The copies' version counters, read when the failed step takes its
+first slice, tell which variables that step had already written.
+
+A step is a host transfer (see ``device.session``): the failed step is the most
+slices any stream's cursor had given out when the program raised.
 """
 from __future__ import annotations
 
 import contextlib
 import re
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, cast
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Sequence, cast
 
 import torch
 
@@ -18,14 +22,22 @@ from ipuxl.device.replicas import replica_alone
 from ipuxl.dtypes import dtype_name, to_numpy_dtype
 from ipuxl.errors import DeviceError
 from ipuxl.ir.calls import is_repeat, repeat_count, run_repeat
-from ipuxl.ir.meta import CALLED_GRAPH, OP, OP_ID, ROLE, SOURCE, STREAM, Role
+from ipuxl.ir.meta import CALLED_GRAPH, OP, OP_ID, SOURCE, STREAM
 from ipuxl.ir.streams import HostToDeviceStream
+from ipuxl.kernels.host_io import consumed
 
 if TYPE_CHECKING:
     from ipuxl.device.session import Session
     from ipuxl.ir.graph import Graph
 
-__all__ = ["StepFailure", "step_error"]
+__all__ = ["StepFailure", "step_error", "transfer_in_progress"]
+
+
+def transfer_in_progress(cursors: Sequence[Iterator[torch.Tensor]] | None, total: int) -> int:
+    """The step (0-based) a run was in: the most slices any cursor gave out, less one."""
+    if not cursors:
+        return 0
+    return max(0, max(consumed(c, total) for c in cursors) - 1)
 
 
 def step_error(session: "Session", failure: "StepFailure") -> DeviceError:
@@ -77,27 +89,29 @@ def _kept_state(session: "Session", failure: "StepFailure", applied: int, update
     return state
 
 def _rerun_failed_step(session: "Session", failure: "StepFailure") -> "_OpFailed | None":
-    """Run the failed step again, node by node, on copies of the variables: the op
-    that raises (None when the step now passes, or fails outside any op)."""
+    """Run the program again, node by node, on copies of the variables and of the run's
+    stream data: the op that raises (None when it now passes, or fails outside any op)."""
     if _is_async_cuda_error(failure.exc):  # the CUDA context is broken: any op would fail now
         return None
     module = session.programs[failure.index]
     variables = {attr: record.tensor.name for attr, record in session.ir.variable_records.items()}
     shared = _RerunState(session, {a: getattr(module, a).clone() for a in variables if hasattr(module, a)},
-                         variables)
-    args = [a.clone() if isinstance(a, torch.Tensor) else a for a in failure.step_args]
+                         variables, failure.step)
+    cursors = [_Cursor(shared, b.clone()) for b in failure.buffers]
     replicas = session.replication_factor
     alone: ContextManager[None] = (replica_alone(replicas, session.local_replicas[failure.index]) if replicas > 1
                                    else contextlib.nullcontext())
+    takes_io = any(n.op == "placeholder" for n in module.graph.nodes)
     try:
         with alone, torch.no_grad():
-            shared.rerun(module, ()).run(*args)
+            shared.rerun(module, ()).run(*([cursors] if takes_io else []))
     except _OpFailed as found:
         found.updated = shared.updated()
         return found
     except Exception:  # noqa: BLE001 - outside any op: report what the step raised
         return None
     return None
+
 
 def _repeat_count(session: "Session", node: torch.fx.Node) -> int | None:
     """The count of the IR ``repeat`` that lowered ``node``, found by its op id."""
@@ -140,21 +154,20 @@ def _fix_for(session: "Session", found: "_OpFailed", failure: "StepFailure") -> 
     return f"check {fed}the inputs of op '{found.op}' ({shapes or 'no tensors'})"
 
 def _streams_feeding(session: "Session", found: "_OpFailed", failure: "StepFailure") -> list[tuple[HostToDeviceStream, torch.Tensor]]:
-    """The loaded streams the failing op depends on, with their data in the failed step."""
-    module = session.programs[failure.index]
-    top = found.path[0] if found.path else found.node
-    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
-    position = {p: i for i, p in enumerate(placeholders)}
-    seen, stack, streams = set(), [top], []
+    """The loaded streams the failing op depends on (in its graph and, through the call
+    sites that reached it, in its callers), with the slice each load gave it."""
+    seen: set[torch.fx.Node] = set()
+    stack = [found.node, *found.path]
+    streams: dict[HostToDeviceStream, torch.Tensor] = {}
     while stack:
         node = stack.pop()
         if node in seen:
             continue
         seen.add(node)
-        if node.op == "placeholder" and node.meta.get(ROLE) == Role.H2D and node in position:
-            streams.append((position[node], node.meta[STREAM], failure.step_args[position[node]]))
+        if node.meta.get(OP) == "host_load" and node in found.loaded:
+            streams.setdefault(node.meta[STREAM], found.loaded[node])
         stack.extend(node.all_input_nodes)
-    return [(s, t) for _, s, t in sorted(streams, key=lambda x: x[0])]
+    return sorted(streams.items(), key=lambda item: item[0].name)
 
 
 def _is_async_cuda_error(exc: BaseException) -> bool:
@@ -164,11 +177,15 @@ def _is_async_cuda_error(exc: BaseException) -> bool:
 
 
 class StepFailure(Exception):
-    """A step of the device program raised: carried out of the replica threads to ``run``."""
+    """A step of the device program raised: carried out of the replica threads to ``run``.
 
-    def __init__(self, exc: BaseException, step: int, index: int, args: tuple):
+    ``step``: the failed step (0-based); ``index``: the local replica; ``buffers``: its
+    run buffers, one per stream in the session's cursor order (for the re-run).
+    """
+
+    def __init__(self, exc: BaseException, step: int, index: int, buffers: tuple[torch.Tensor, ...]):
         super().__init__(str(exc))
-        self.exc, self.step, self.index, self.step_args = exc, step, index, args
+        self.exc, self.step, self.index, self.buffers = exc, step, index, buffers
 
 
 class _OpFailed(Exception):
@@ -178,6 +195,7 @@ class _OpFailed(Exception):
         super().__init__(str(exc))
         self.node, self.exc, self.inputs, self.path = node, exc, inputs, path
         self.updated: list[str] = []
+        self.loaded: dict[torch.fx.Node, torch.Tensor] = {}  # the last slice each load node gave
 
     @property
     def op(self) -> str:
@@ -202,12 +220,35 @@ class _OpFailed(Exception):
 
 
 class _RerunState:
-    """One re-run of a failed step: copies of the variables and an interpreter per program."""
+    """One re-run of a failed run: copies of the variables, an interpreter per program,
+    the slices loads gave, and the variables' versions when the failed step began."""
 
-    def __init__(self, session: Session, clones: dict[str, torch.Tensor], names: dict[str, str]):
-        self.session, self.clones, self.names = session, clones, names
+    def __init__(self, session: Session, clones: dict[str, torch.Tensor], names: dict[str, str], step: int):
+        self.session, self.clones, self.names, self.step = session, clones, names, step
         self._versions = {attr: t._version for attr, t in clones.items()}
         self._reruns: dict[tuple, _Rerun] = {}
+        self.loaded: dict[torch.fx.Node, torch.Tensor] = {}
+        self._step_began = False
+        self._iteration_start: dict[str, int] | None = None
+
+    def iteration_begins(self) -> None:
+        """An iteration of a loop doing host IO begins (a step of a device loop may begin here)."""
+        if not self._step_began:
+            self._iteration_start = self._current_versions()
+
+    def took(self, count: int) -> None:
+        """A cursor gave its ``count``-th slice. The failed step began with the first such
+        slice, or with the loop iteration that took it."""
+        if self._step_began:
+            return
+        if count == self.step + 1:
+            self._step_began = True
+            self._versions = self._iteration_start or self._current_versions()
+        else:
+            self._iteration_start = None
+
+    def _current_versions(self) -> dict[str, int]:
+        return {attr: t._version for attr, t in self.clones.items()}
 
     def rerun(self, module: torch.fx.GraphModule, path: tuple[torch.fx.Node, ...]) -> "_Rerun":
         key = (id(module), path)
@@ -218,6 +259,23 @@ class _RerunState:
     def updated(self) -> list[str]:
         """Variables written in place so far (their copies' version counters moved)."""
         return [self.names[a] for a, t in self.clones.items() if t._version != self._versions[a]]
+
+
+class _Cursor:
+    """A stream cursor of the re-run: slices of a copy of the run buffer, counted."""
+
+    def __init__(self, state: _RerunState, buffer: torch.Tensor):
+        self.state, self.slices, self.taken = state, buffer.unbind(0), 0
+
+    def __iter__(self) -> "_Cursor":
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        if self.taken == len(self.slices):
+            raise StopIteration
+        self.taken += 1
+        self.state.took(self.taken)
+        return self.slices[self.taken - 1]
 
 
 class _Rerun(torch.fx.Interpreter):
@@ -239,11 +297,16 @@ class _Rerun(torch.fx.Interpreter):
             return super().run_node(n)
         args, kwargs = self.fetch_args_kwargs_from_env(n)
         try:
-            return self._call(n, args, kwargs)
+            result = self._call(n, args, kwargs)
         except _OpFailed:
             raise
         except Exception as exc:  # noqa: BLE001 - whatever the op raised is the diagnosis
-            raise _OpFailed(n, exc, (args, kwargs), self.path) from exc
+            failed = _OpFailed(n, exc, (args, kwargs), self.path)
+            failed.loaded = self.state.loaded
+            raise failed from exc
+        if n.meta.get(OP) == "host_load":
+            self.state.loaded[n] = result
+        return result
 
     def _call(self, n: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
         """Run call node ``n``: a called compiled graph node by node (a repeat once per
@@ -257,11 +320,15 @@ class _Rerun(torch.fx.Interpreter):
         module = compiled.module
 
         def body(*inputs: Any) -> Any:
+            if compiled.takes_io and target is not compiled.call:  # a loop iteration
+                self.state.iteration_begins()
             return self.state.rerun(module, self.path + (n,)).run(*inputs)
 
         if target is compiled.call:
             return body(*args)
         count = _repeat_count(session, n) if n.meta.get(OP) == "repeat" else None
         if count is not None:
+            if compiled.takes_io:
+                return run_repeat(body, count, len(graph.outputs), args[1:], args[0])
             return run_repeat(body, count, len(graph.outputs), args)
         return target(*args, **kwargs)

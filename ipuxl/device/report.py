@@ -13,8 +13,9 @@
   backward: that per computed gradient), views, tuple items and host transfers 0,
   every other op ~1 FLOP per element of the largest tensor it reads or writes.
   FLOPs are executed work, so a called graph counts once per call site and
-  ``repeat_count`` times per loop. Per step (one run of the main program = one device
-  iteration), per ``Session.run`` (x ``num_host_transfers``) and over all replicas.
+  ``repeat_count`` times per loop. Per ``Session.run`` (one run of the main program,
+  the device loop included), per step (one host transfer: the run's FLOPs /
+  ``num_host_transfers``) and per run over all replicas.
 
 ``str(report)`` is a readable table. ``python benchmarks/program_report.py [--blocks N]
 [--outlined]`` prints the report of a small MLP training program (popxl.addons style,
@@ -171,19 +172,20 @@ class ProgramReport:
     program: str
     graphs: list[GraphReport]
     memory: ResourceEstimate
-    flops_per_step: int
+    flops_per_run: int
+    """FLOPs of one ``Session.run`` on one replica: one run of the main program."""
     num_host_transfers: int
     replication_factor: int
 
     @property
-    def flops_per_device_iteration(self) -> int:
-        """One device iteration is one run of the main program: the same as a step."""
-        return self.flops_per_step
+    def flops_per_step(self) -> int:
+        """FLOPs per step (one host transfer; a device-loop iteration): per run / ``num_host_transfers``."""
+        return self.flops_per_run // self.num_host_transfers
 
     @property
-    def flops_per_run(self) -> int:
-        """FLOPs of one ``Session.run`` on one replica (``num_host_transfers`` steps)."""
-        return self.flops_per_step * self.num_host_transfers
+    def flops_per_device_iteration(self) -> int:
+        """The same as ``flops_per_step``."""
+        return self.flops_per_step
 
     @property
     def flops_per_run_all_replicas(self) -> int:
@@ -230,8 +232,9 @@ class ProgramReport:
             lines.append(f"  {g.name}: {counts or '(no ops)'}")
         lines += ["", f"Memory per IPU (one replica): {self.memory.summary()}", self.memory.breakdown()]
         n, r = self.num_host_transfers, self.replication_factor
-        flop_rows = [("per step / device iteration (one replica)", self.flops_per_step),
-                     (f"per Session.run (x num_host_transfers={n})", self.flops_per_run),
+        flop_rows = [(f"per step / device iteration (one replica, run / num_host_transfers={n})",
+                      self.flops_per_step),
+                     ("per Session.run (one replica)", self.flops_per_run),
                      (f"per Session.run, all replicas (x {r})", self.flops_per_run_all_replicas)]
         width = max(len(label) for label, _ in flop_rows)
         lines += ["", "FLOPs:"]
@@ -276,5 +279,5 @@ def program_report(ir: "Ir", spec: IpuSpec | None = None) -> ProgramReport:
             name=graph.name, compiled_as=role, op_counts=histogram, code_ops=code_ops, code_bytes=code,
             call_sites=list(sites.get(graph, [])), flops=graph_flops(graph, memo),
             peak_activation_bytes=live_profile(graph).peak_bytes))
-    return ProgramReport(program=repr(ir), graphs=graphs, memory=memory, flops_per_step=graph_flops(ir.main_graph, memo),
+    return ProgramReport(program=repr(ir), graphs=graphs, memory=memory, flops_per_run=graph_flops(ir.main_graph, memo),
                          num_host_transfers=ir.num_host_transfers, replication_factor=ir.replication_factor)

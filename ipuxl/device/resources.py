@@ -17,9 +17,9 @@ runs R copies of the program, one per IPU, so every number here is one replica's
 * **peak activations**: the peak of ``passes.liveness.live_profile`` of the main graph
   in the memory-aware schedule (``passes.schedule.memory_schedule``, never worse
   than program order); a call adds its callee's own peak while it runs;
-* **stream buffers**: one slot per host stream (``passes.liveness.stream_bytes``).
-  The device loop runs one step at a time and the host feeds/collects each step's
-  slice, so ``num_host_transfers`` does not multiply the device-side buffers.
+* **stream buffers**: one slot per host stream the program loads or stores, in
+  any graph. The host feeds/collects one slice per transfer, so neither
+  ``num_host_transfers`` nor the number of loads of a stream multiplies them.
 
 ``Session(ir, "ipu_model")`` raises ``OutOfMemoryError`` with this breakdown when the
 total exceeds ``IpuSpec.memory_bytes``; ``"cpu"`` and ``"ipu_hw"`` have no limit.
@@ -43,9 +43,11 @@ import torch.fx as fx
 
 from ipuxl.errors import InvalidArgumentError, OutOfMemoryError
 from ipuxl.ir.aliases import is_view
-from ipuxl.ir.calls import call_nodes, callee, callee_of, is_call, is_repeat, reachable_graphs, repeat_count
+from ipuxl.ir.calls import (
+    call_nodes, callee, callee_of, is_call, is_repeat, reachable_graphs, repeat_count, transfer_counts,
+)
 from ipuxl.ir.meta import NAME, OP, ROLE, Role
-from ipuxl.passes.liveness import LiveProfile, live_profile, stream_bytes, tensor_bytes
+from ipuxl.passes.liveness import LiveProfile, live_profile, tensor_bytes
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
@@ -357,13 +359,12 @@ def estimate(ir: "Ir", spec: IpuSpec | None = None) -> ResourceEstimate:
         by_graph[graph.name] = g_code
         code, code_ops, outlined = code + g_code, code_ops + g_ops, outlined + g_calls
     profile, schedule = activation_profile(ir)
-    main = ir.main_graph
-    streams = sum(1 for n in main.fx.nodes if n.op == "placeholder" and n.meta.get(ROLE) in Role.STREAMS)
+    streams = list(transfer_counts(ir.main_graph))
     return ResourceEstimate(
         spec=spec, replication_factor=ir.replication_factor, variable_bytes=variables, num_variables=num_variables,
         constant_bytes=constants, code_bytes=code, code_ops=code_ops, outlined_call_sites=outlined,
-        activation_bytes=profile.peak_bytes, peak_op=describe_node(profile.peak_at), stream_bytes=stream_bytes(main),
-        num_streams=streams, code_bytes_by_graph=by_graph, schedule=schedule)
+        activation_bytes=profile.peak_bytes, peak_op=describe_node(profile.peak_at), stream_bytes=sum(tensor_bytes(s.spec.to_meta()) for s in streams),
+        num_streams=len(streams), code_bytes_by_graph=by_graph, schedule=schedule)
 
 
 def check_fits(ir: "Ir", spec: IpuSpec | None = None, where: str | None = None) -> ResourceEstimate:

@@ -3,20 +3,31 @@
 Compilation lowers every graph once to fx-generated Python (``ir.lower``): a graph
 called from many sites is one function, a graph with a single call site is inlined
 into its caller, and a matmul gradient feeding an in-place update becomes one fused
-``addmm_`` (``device.fuse``). The per-step path is a loop of direct calls
-of the main program's generated ``forward`` over pre-sliced stream buffers:
-``num_host_transfers`` steps per ``run``, no Python between ops.
+``addmm_`` (``device.fuse``).
+
+Host transfers are PopXL's: ``run`` runs the main program once, and every execution
+of a ``host_load``/``host_store`` (in the main graph, a called graph or an
+``ops.repeat`` body) takes or gives the next of its stream's ``num_host_transfers``
+slices. The run stages each stream's data once and hands the compiled program one
+cursor per stream (``kernels.host_io``); a load in a loop body is a ``next`` on it.
+How often each stream is transferred per run is static (call and repeat counts
+are), so a program that transfers a stream another number of times than
+``num_host_transfers`` is refused before it runs (PopXL would wrap around).
 
 Weights live twice, as on an IPU: host buffers (numpy) and device storage (torch
 tensors the compiled code updates in place). ``with session:`` attaches, copies
 host -> device on entry and device -> host on exit, as PopXL's Session does.
 
-A run that fails in step k of n (``DeviceError``) keeps what it did: steps 1..k-1
-stay applied, host and device agree on them (the next read of a variable syncs, and
-the exit of the ``with`` block copies them back, as after a successful run), and the
-next run continues from them. In-place updates that step k made before its failing op
-stay too; the error names them, with the failing op and the user's line that built it
-(``device.failures``: found off the hot path, by running the failed step again).
+A *step* is one host transfer: step k is the work between the k-th and the
+(k+1)-th slice of the streams (in a device loop, iteration k of the ``ops.repeat``
+whose body loads the batch). A run that fails in step k of n (``DeviceError``;
+k: the most slices any stream had taken when it failed) keeps what it did: steps
+1..k-1 stay applied, host and device agree on them (the next read of a variable
+syncs, and the exit of the ``with`` block copies them back, as after a successful
+run), and the next run continues from them. In-place updates that step k made before
+its failing op stay too; the error names them, with the failing op and the user's
+line that built it (``device.failures``: found off the hot path, by running the
+program again node by node on copies of the variables).
 
 A Session compiles its IR once: a variable, replica count or ``num_host_transfers``
 changed afterwards is refused with an error, never run half-way.
@@ -37,7 +48,7 @@ from ipuxl.errors import (
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.graph import Graph, identifier
 from ipuxl.ir.ir import Ir, VariableRecord
-from ipuxl.device.failures import StepFailure, step_error
+from ipuxl.device.failures import StepFailure, step_error, transfer_in_progress
 from ipuxl.device.replicas import Communicator, ensure_process_group, run_replicas
 from ipuxl.device.dce import eliminate_dead_code
 from ipuxl.device.report import ProgramReport, program_report
@@ -45,17 +56,16 @@ from ipuxl.device.resources import IpuSpec, check_fits
 from ipuxl.device.fuse import (
     call_random_ops_directly, fuse_adam_steps, fuse_adam_updates, fuse_matmul_updates, select_kernels,
 )
-from ipuxl.ir.aliases import written_nodes
-from ipuxl.ir.calls import call_nodes, callee_of
+from ipuxl.ir.aliases import storage_owner, written_nodes
+from ipuxl.ir.calls import call_nodes, callee_of, does_host_io, reachable_graphs, transfer_counts
 from ipuxl.ir.lower import compiled_callee, lower_to_fx
-from ipuxl.ir.meta import ROLE, SOURCE, STREAM, Role
-from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream
+from ipuxl.ir.meta import BY_REF_ARGS, ROLE, SOURCE, STREAM, Role
+from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream, Stream
+from ipuxl.kernels.host_io import stream_cursors
 from ipuxl.ir.tensor import Constant, Tensor, Variable
 from ipuxl.device.replica_plan import plan_replicas
 
 __all__ = ["Session", "DeviceType", "device_for", "CompiledGraph"]
-
-_Argument = HostToDeviceStream | DeviceToHostStream  # the main program's arguments: h2d inputs, d2h slots
 
 DeviceType = Literal["ipu_model", "cpu", "ipu_hw"]
 
@@ -107,28 +117,31 @@ class Session:
         records = ir.variable_records
         self._records = {r.tensor: r for r in records.values()}
         self._host = {r.tensor: self._initial_host(r) for r in records.values()}
-        self._replica_vars = [{attr: self._to_device(self._plan.initial_value(r, replica), r.tensor.dtype)
+        self._replica_vars = [{attr: self._to_device(self._plan.initial_value(r, replica), r.tensor.spec.dtype)
                                for attr, r in records.items()} for replica in self._plan.local]
         for tensor, given in (storage or {}).items():  # zero-copy: this replica's storage is the caller's tensor
             self._replica_vars[0][_attr_of(tensor)] = self._bound_storage(tensor, given)
         self._device_vars = self._replica_vars[0]
         self._compiled: dict[Graph, CompiledGraph] = {}
         self._call_sites = _count_call_sites(ir)
+        self._transfers = transfer_counts(ir.main_graph)  # per stream: loads or stores per run
+        self._streams: list[Stream] = [s for s in ir.streams if s in self._transfers]  # the cursors' order
+        self._io_index = {s: i for i, s in enumerate(self._streams)}
+        self._takes_io = does_host_io(ir.main_graph)
         self._program = self._compile(ir.main_graph, self._device_vars)
-        self._forward = self._program.forward
         self._modules = [self._program] + [self._replica_program(v) for v in self._replica_vars[1:]]
         self._forwards = [m.forward for m in self._modules]
-        self._arguments = self._stream_arguments()
-        self._h2d = [s for s in self._arguments if isinstance(s, HostToDeviceStream)]
-        self._written_inputs = {w.meta[STREAM] for w in written_nodes(ir.main_graph) if w.meta.get(ROLE) == Role.H2D}
-        self._d2h = [s for s in self._arguments if isinstance(s, DeviceToHostStream)]
+        self._h2d = [s for s in self._streams if isinstance(s, HostToDeviceStream)]
+        self._d2h = [s for s in self._streams if isinstance(s, DeviceToHostStream)]
+        self._written_inputs = _written_streams(ir)
         self._progress = [0] * len(self._plan.local)  # steps each local replica completed in the last run
         self._failed_run: IpuxlError | None = None  # the error of this session's last failed run, for __exit__
 
     # -- compilation ---------------------------------------------------------------
     def _compile(self, graph: Graph, attrs: dict[str, torch.Tensor] | None = None) -> torch.fx.GraphModule:
         """Lower ``graph`` (inlining graphs with one call site), drop dead code, fuse updates."""
-        root, code = lower_to_fx(graph, self._compile_callee, attrs, inline=lambda g: self._call_sites[g] == 1)
+        root, code = lower_to_fx(graph, self._compile_callee, attrs, inline=lambda g: self._call_sites[g] == 1,
+                                 io_index=self._io_index)
         for rewrite in (eliminate_dead_code, fuse_matmul_updates, fuse_adam_steps, fuse_adam_updates,
                         call_random_ops_directly, select_kernels):
             rewrite(code)
@@ -147,13 +160,9 @@ class Session:
     def _compile_callee(self, graph: Graph) -> Callable[..., tuple]:
         if graph not in self._compiled:
             module = self._compile(graph)
-            self._compiled[graph] = CompiledGraph(module, compiled_callee(graph, module.forward))
+            self._compiled[graph] = CompiledGraph(module, compiled_callee(graph, module.forward),
+                                                  does_host_io(graph))
         return self._compiled[graph].call
-
-    def _stream_arguments(self) -> list[_Argument]:
-        """The main program's arguments in order: the streams of its h2d inputs and d2h slots."""
-        return [n.meta[STREAM] for n in self.ir.main_graph.fx.nodes
-                if n.op == "placeholder" and n.meta.get(ROLE) in Role.STREAMS]
 
     def report(self, spec: IpuSpec | None = None) -> ProgramReport:
         """The program's report: op counts, code size, call sites, memory per IPU (``spec``:
@@ -168,8 +177,15 @@ class Session:
     # -- what was compiled (read-only) ------------------------------------------------------------
     @property
     def num_host_transfers(self) -> int:
-        """Steps per ``run``: the IR's ``num_host_transfers`` when the session compiled it."""
+        """Slices of each stream per ``run`` (steps): the IR's ``num_host_transfers`` when
+        the session compiled it."""
         return self._built.steps
+
+    @property
+    def transfers_per_run(self) -> dict[Stream, int]:
+        """ipuxl only: how many times the program loads or stores each stream in one run
+        (counting calls and ``ops.repeat`` iterations); each must be ``num_host_transfers``."""
+        return dict(self._transfers)
 
     @property
     def local_replicas(self) -> list[int]:
@@ -187,7 +203,8 @@ class Session:
 
     @property
     def steps_completed(self) -> tuple[int, ...]:
-        """The steps of the last ``run`` each local replica completed (in ``local_replicas`` order)."""
+        """The steps (host transfers, see the module docstring) of the last ``run`` each local
+        replica completed (in ``local_replicas`` order)."""
         return tuple(self._progress)
 
     # -- attach / detach ---------------------------------------------------------------
@@ -233,7 +250,7 @@ class Session:
 
     def run(self, inputs: Mapping[HostToDeviceStream, Any] | None = None,
             downcast_inputs: bool = True) -> dict[DeviceToHostStream, np.ndarray]:
-        """Run the main program ``ir.num_host_transfers`` times; return stored outputs.
+        """Run the main program once; each executed host load/store takes/gives its stream's next slice.
 
         Args:
             inputs: one array (numpy or torch) per loaded stream, shaped
@@ -246,12 +263,15 @@ class Session:
             ``{d2h_stream: array}`` shaped like the inputs, all replicas included.
 
         Raises:
+            StreamInputError: the program loads or stores a stream another number of
+                times than ``num_host_transfers``, or the data does not fit the streams.
             DeviceError: a step failed. Its ``steps_applied`` steps stay applied (the
                 variables hold their values after them; ``step``, ``failed_op`` and
                 ``source`` say where it failed). See the module docstring.
         """
         self._require_attached("run")
         self._check_unchanged_ir()
+        self._check_transfer_counts()
         self._check_keys(inputs or {})
         data = inputs or {}
         self._progress = [0] * len(self._plan.local)
@@ -274,50 +294,66 @@ class Session:
 
     def _run_one(self, data: Mapping[HostToDeviceStream, Any], downcast: bool) -> list[torch.Tensor]:
         n = self._built.steps
-        loaded = {s: self._stream_input(s, data.get(s), downcast).reshape(n, *s.shape).unbind(0) for s in self._h2d}
-        outputs = [torch.empty((n, *s.shape), dtype=s.dtype, device=self.device) for s in self._d2h]
-        slots = {s: o.unbind(0) for s, o in zip(self._d2h, outputs)}
-        columns = [loaded[s] if isinstance(s, HostToDeviceStream) else slots[s] for s in self._arguments]
-        self._steps(self._forward, columns, 0)
-        return outputs
+        loaded = {s: self._stream_input(s, data.get(s), downcast).reshape(n, *s.shape) for s in self._h2d}
+        outputs: dict[Stream, torch.Tensor] = {
+            s: torch.empty((n, *s.shape), dtype=s.spec.dtype, device=self.device) for s in self._d2h}
+        buffers = [loaded[s] if isinstance(s, HostToDeviceStream) else outputs[s] for s in self._streams]
+        self._execute(self._forwards[0], buffers, 0)
+        return [outputs[s] for s in self._d2h]
 
     def _run_replicas(self, comm: Communicator, data: Mapping[HostToDeviceStream, Any],
                       downcast: bool) -> list[torch.Tensor]:
         n, local = self._built.steps, self._plan.local
         loaded = {s: self._stream_input(s, data.get(s), downcast) for s in self._h2d}  # (n, local, *shape)
-        outputs = [torch.empty((n, len(local), *s.shape), dtype=s.dtype, device=self.device) for s in self._d2h]
-        slots = dict(zip(self._d2h, outputs))
+        outputs: dict[Stream, torch.Tensor] = {
+            s: torch.empty((n, len(local), *s.shape), dtype=s.spec.dtype, device=self.device) for s in self._d2h}
 
         def work(i: int) -> Callable[[], None]:
-            columns = [(loaded[s] if isinstance(s, HostToDeviceStream) else slots[s])[:, i].unbind(0)
-                       for s in self._arguments]
-            return lambda: self._steps(self._forwards[i], columns, i)
+            buffers = [(loaded[s] if isinstance(s, HostToDeviceStream) else outputs[s])[:, i] for s in self._streams]
+            return lambda: self._execute(self._forwards[i], buffers, i)
 
         run_replicas(comm, [work(i) for i in range(len(local))])
-        return [comm.gather_processes(o, 1) for o in outputs]
+        return [comm.gather_processes(outputs[s], 1) for s in self._d2h]
 
-    def _steps(self, forward: Callable[..., Any], columns: Sequence[Sequence[torch.Tensor]], index: int) -> None:
-        """Run ``forward`` once per device iteration over the per-step argument columns
-        (``index``: the local replica). Records how many steps completed; a step that
-        fails leaves as ``StepFailure`` (with its arguments, for ``failures.step_error``)."""
-        n = self._built.steps
-        steps = list(zip(*columns)) if columns else [()] * n
-        step = 0
-        # From the first step on the device may hold newer variables than the host, however
-        # the run ends (a failed step's applied steps are kept): the next read syncs.
+    def _execute(self, forward: Callable[..., Any], buffers: Sequence[torch.Tensor], index: int) -> None:
+        """Run the main program once over the streams' run buffers (``index``: the local
+        replica). Records the steps it completed; a failure leaves as ``StepFailure``
+        (with the buffers, for ``failures.step_error``)."""
+        cursors = stream_cursors(buffers) if self._takes_io else None
+        # From here on the device may hold newer variables than the host, however the
+        # run ends (a failed step's applied steps are kept): the next read syncs.
         self._host_in_sync = False
         try:
-            for step, args in enumerate(steps):
-                forward(*args)
+            if cursors is None:
+                forward()
+            else:
+                forward(cursors)
         except (RuntimeError, IndexError, ValueError) as exc:
-            self._progress[index] = step
+            step = self._progress[index] = transfer_in_progress(cursors, self._built.steps)
             if isinstance(exc, IpuxlError):
                 raise
-            raise StepFailure(exc, step, index, steps[step]) from exc
+            raise StepFailure(exc, step, index, tuple(buffers)) from exc
         except BaseException:
-            self._progress[index] = step
+            self._progress[index] = transfer_in_progress(cursors, self._built.steps)
             raise
-        self._progress[index] = n
+        self._progress[index] = self._built.steps
+
+    def _check_transfer_counts(self) -> None:
+        """Refuse a program that loads or stores a stream other than ``num_host_transfers`` times."""
+        n = self._built.steps
+        for stream in self._h2d + self._d2h:
+            count = self._transfers[stream]
+            if count == n:
+                continue
+            verb, op = ("loaded", "host_load") if isinstance(stream, HostToDeviceStream) else ("stored", "host_store")
+            raise StreamInputError(
+                f"Session.run: stream '{stream.name}' is {verb} {count} time(s) per run (its {op} ops, "
+                f"counting calls and ops.repeat iterations), but ir.num_host_transfers is {n}: each execution "
+                f"of {op} takes the next of the stream's num_host_transfers slices",
+                where=f"Session of {self.ir!r}, created at {self._built.created_at}",
+                fix=f"set ir.num_host_transfers = {count} before creating the Session, or change the program "
+                    f"to {op} '{stream.name}' {n} times per run (e.g. ops.repeat(step_graph, {n}) with the "
+                    f"{op} in the body)")
 
     # -- the IR the session compiled ------------------------------------------------------------
     def _check_unchanged_ir(self) -> None:
@@ -356,7 +392,14 @@ class Session:
         r = self._built.replicas if replicas is None else replicas
         return tuple(d for d in (n, r) if d > 1) + tuple(shape)
 
+    def _full_input_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
+        """PopXL's (private, but Graphcore's programs call it): the host data shape of a
+        stream of ``shape`` for this process, ``(num_host_transfers, instance replicas,
+        *shape)`` without dims of size 1."""
+        return self._full_shape(tuple(shape), len(self._plan.local))
+
     def _check_keys(self, inputs: Mapping[Any, Any]) -> None:
+        """Refuse data for streams the program does not load."""
         unexpected = [getattr(k, "name", repr(k)) for k in inputs if k not in self._h2d]
         if unexpected:
             raise StreamInputError(
@@ -381,13 +424,13 @@ class Session:
                 private = False
             tensor = torch.from_numpy(array)
         tensor = self._replica_slice(stream, tensor)
-        if tensor.dtype != stream.dtype:
-            if not (downcast and DOWNCAST.get(tensor.dtype) == stream.dtype):
+        if tensor.dtype != stream.spec.dtype:
+            if not (downcast and DOWNCAST.get(tensor.dtype) == stream.spec.dtype):
                 raise StreamInputError(
                     f"Session.run: input stream '{stream.name}' expects dtype {dtype_name(stream.dtype)}, "
                     f"got {dtype_name(tensor.dtype)}",
                     fix=f"convert the data, e.g. array.astype(np.{to_numpy_dtype(stream.dtype)})")
-        return tensor.to(self.device, stream.dtype, copy=private)
+        return tensor.to(self.device, stream.spec.dtype, copy=private)
 
     def _replica_slice(self, stream: HostToDeviceStream, tensor: torch.Tensor) -> torch.Tensor:
         """Check the host data's shape; with replicas, keep this process's replicas."""
@@ -598,13 +641,25 @@ def _count_call_sites(ir: Ir) -> Counter[Graph]:
     return Counter(callee_of(node) for graph in ir.graphs for node in call_nodes(graph))
 
 
+def _written_streams(ir: Ir) -> set[Stream]:
+    """Loaded streams whose loaded tensor the program may write in place (their run
+    buffers are private copies): written by an op, or passed by reference to a call."""
+    found: set[Stream] = set()
+    for graph in reachable_graphs(ir):
+        roots = set(written_nodes(graph))
+        for node in call_nodes(graph):
+            roots.update(storage_owner(node.args[i]) for i in node.meta.get(BY_REF_ARGS, ()))
+        found.update(r.meta[STREAM] for r in roots if r.meta.get(ROLE) == Role.H2D and STREAM in r.meta)
+    return found
+
+
 def _attr_of(tensor: Variable | Constant) -> str:
     """The ``get_attr`` target that names a variable's or constant's storage."""
     return cast(str, tensor.node.target)
 
 
 def _constant_value(tensor: Constant) -> np.ndarray:
-    value = tensor.graph.constants[_attr_of(tensor)]
+    value = tensor.graph.constant_data[_attr_of(tensor)]
     return value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
 
 
@@ -615,6 +670,8 @@ class CompiledGraph(NamedTuple):
     """Its generated code."""
     call: Callable[..., tuple]
     """The function its call sites in the generated code call."""
+    takes_io: bool = False
+    """Whether it does host IO: its code then takes the run's stream cursors first."""
 
 
 class _Built(NamedTuple):

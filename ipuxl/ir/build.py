@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_map
 
-from ipuxl.errors import GraphContextError, InvalidArgumentError, ShapeMismatchError
+from ipuxl.errors import InvalidArgumentError, ShapeMismatchError, WrongGraphError
 from ipuxl.ir import context
 from ipuxl.ir.aliases import storage_owner
 from ipuxl.ir.graph import Graph, identifier, describe
@@ -58,12 +58,14 @@ def emit(
             tensors (for targets that cannot run on the meta device).
 
     Raises:
-        GraphContextError: a tensor argument belongs to another graph.
+        WrongGraphError: (a ValueError and RuntimeError) a tensor argument belongs to another graph.
         InvalidArgumentError: an in-place op writes a constant or a view of one.
         ShapeMismatchError: the op cannot be built with these input shapes/dtypes.
     """
     graph = context.gcg()
     kwargs = kwargs or {}
+    if name is not None or context.name_scopes_open():
+        name = context.scoped_name(name or op_name)
     check_same_graph(graph, op_name, args, kwargs)
     if modifies is not None or writes:
         check_writable(graph, op_name, [modifies, *writes] if modifies is not None else list(writes))
@@ -84,6 +86,7 @@ def emit(
     written = ([modifies] if modifies is not None else []) + list(writes)
     if written:
         node.meta[WRITES] = [storage_owner(t.node, views=False) for t in written]
+    graph.op_created(node)
     if num_outputs is None:
         return graph.wrap(node)
     return tuple(_getitem(graph, node, i, meta_out[i], name) for i in range(num_outputs))
@@ -93,7 +96,7 @@ def check_same_graph(graph: Graph, op_name: str, args: Any, kwargs: Any) -> None
     """Raise if any tensor argument belongs to a graph other than ``graph``."""
     def check(value: Any) -> Any:
         if isinstance(value, Tensor) and value.graph is not graph:
-            raise GraphContextError(
+            raise WrongGraphError(
                 f"op '{op_name}' is being built in graph '{graph.name}' but its input "
                 f"{describe(value)} belongs to graph '{value.graph.name}'",
                 where=context.user_source_line(),
@@ -113,7 +116,7 @@ def check_writable(graph: Graph, op_name: str, written: Sequence[Tensor]) -> Non
         if not isinstance(tensor, Tensor):
             continue
         root = storage_owner(tensor.node)
-        if root.op != "get_attr" or root.target not in graph.constants:
+        if root.op != "get_attr" or root.target not in graph.constant_data:
             continue
         name = root.meta.get(NAME, root.target)
         written_to = (f"constant '{name}'" if root is tensor.node

@@ -5,22 +5,30 @@ A call of graph ``g`` is an fx ``call_function`` node whose target is
 tuple of outputs is read through ``operator.getitem`` nodes. Ask these questions
 through the functions here (``callee``, ``is_repeat``, ``called_graphs``,
 ``reachable_graphs``...), never by importing the lowering module.
+
+Host transfers (``host_transfers``, ``does_host_io``, ``transfer_counts``) are asked
+here too: how often each stream's load or store runs per run of a graph is static,
+since call and repeat counts are.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import torch.fx as fx
 
 from ipuxl.ir.graph import identifier
+from ipuxl.ir.meta import ROLE, STREAM, Role
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
     from ipuxl.ir.ir import Ir
+    from ipuxl.ir.streams import Stream
 
 __all__ = [
     "CallTarget", "RepeatTarget", "run_repeat", "callee", "callee_of", "is_call", "is_repeat", "repeat_count",
     "call_nodes", "called_graphs", "reachable_graphs", "reachable_from", "any_reachable", "CALL_COST", "MIN_SAVINGS",
+    "is_host_transfer", "does_host_io", "transfer_counts",
 ]
 
 #: A call site's cost in ops (the resource model charges a call a few control instructions).
@@ -64,13 +72,24 @@ class RepeatTarget(CallTarget):
         return run_repeat(graph_callable(self.graph), self.count, len(self.graph.outputs), args)
 
 
-def run_repeat(body: Callable[..., tuple], count: int, n_carried: int, args: tuple) -> tuple:
-    """PopXL's loop: outputs ``i < n_carried`` feed inputs ``i`` of the next iteration."""
+def run_repeat(body: Callable[..., tuple], count: int, n_carried: int, args: tuple, io: Any = None) -> tuple:
+    """PopXL's loop: outputs ``i < n_carried`` feed inputs ``i`` of the next iteration.
+
+    ``io``: the run's host-transfer cursors, passed first to a body that does host IO.
+    """
     values = list(args)
     if count == 0:
         return tuple(v.clone() for v in values[:n_carried])
+    if n_carried == 0:  # nothing carried (a device loop updating variables in place)
+        if io is None:
+            for _ in range(count):
+                body(*values)
+        else:
+            for _ in range(count):
+                body(io, *values)
+        return ()
     for _ in range(count):
-        values[:n_carried] = body(*values)
+        values[:n_carried] = body(*values) if io is None else body(io, *values)
     return tuple(values[:n_carried])
 
 
@@ -142,3 +161,35 @@ def reachable_graphs(ir: "Ir") -> list["Graph"]:
 def any_reachable(graph: "Graph", predicate: Callable[[fx.Node], bool]) -> bool:
     """True when ``predicate`` holds for a node of ``graph`` or of a graph it calls."""
     return any(predicate(n) for g in reachable_from([graph]) for n in g.fx.nodes)
+
+
+# -- host transfers ----------------------------------------------------------------------
+def is_host_transfer(node: fx.Node) -> bool:
+    """True for a host load op or a host store's slot (one per ``ops.host_store``)."""
+    return node.meta.get(ROLE) in Role.STREAMS and STREAM in node.meta
+
+
+def does_host_io(graph: "Graph") -> bool:
+    """True when ``graph`` or a graph it calls loads or stores a host stream."""
+    return any_reachable(graph, is_host_transfer)
+
+
+def transfer_counts(graph: "Graph") -> "Counter[Stream]":
+    """How many times each stream is loaded or stored in one run of ``graph``: its own
+    transfers plus each callee's times its call sites' counts (a repeat runs its body
+    ``count`` times)."""
+    memo: dict["Graph", Counter[Stream]] = {}
+
+    def counts(g: "Graph") -> "Counter[Stream]":
+        if g not in memo:
+            total: Counter[Stream] = Counter()
+            for node in g.fx.nodes:
+                if is_host_transfer(node):
+                    total[node.meta[STREAM]] += 1
+                elif is_call(node):
+                    for stream, k in counts(callee_of(node)).items():
+                        total[stream] += k * repeat_count(node)
+            memo[g] = total
+        return memo[g]
+
+    return counts(graph)

@@ -11,20 +11,23 @@ import functools
 import os
 import sys
 import types
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 import torch
 
-from ipuxl.errors import GraphContextError
+from ipuxl.errors import GraphContextError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
+    from ipuxl.ir.ir import Ir
     from ipuxl.ir.replica_grouping import ReplicaGrouping
 
-__all__ = ["gcg", "get_current_graph", "in_sequence", "user_source_line"]
+__all__ = ["gcg", "get_current_graph", "gmg", "get_main_graph", "gir", "get_ir", "in_sequence", "name_scope",
+           "scoped_name", "user_source_line"]
 
 _graph_stack: list["Graph"] = []
 _sequence_stack: list[bool] = []
+_name_scopes: list[str] = []
 F = TypeVar("F", bound=Callable)
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,6 +56,53 @@ def gcg() -> "Graph":
 get_current_graph = gcg
 
 
+def get_main_graph() -> "Graph":
+    """The main graph of the IR whose graph is being built (PopXL's ``gmg``).
+
+    Raises:
+        GraphContextError: (a RuntimeError) if no graph context is open.
+    """
+    if not _graph_stack:
+        raise GraphContextError(
+            "no graph is being built, so there is no main graph to return",
+            where=user_source_line(),
+            fix="call it inside `with ir.main_graph:` (or any graph of the IR), or use ir.main_graph")
+    return _graph_stack[0].ir.main_graph
+
+
+gmg = get_main_graph
+
+
+def get_ir() -> "Ir":
+    """The IR of the graph being built (ipuxl's shorthand for ``gcg().ir``)."""
+    return gcg().ir
+
+
+gir = get_ir
+
+
+@contextlib.contextmanager
+def name_scope(name: str) -> Iterator[list[str]]:
+    """Prefix the names of tensors built in this context with ``name/`` (PopXL's ``name_scope``).
+
+    Scopes nest (``outer/inner/x``); yields the open scopes, outermost first.
+    """
+    _name_scopes.append(str(name))
+    try:
+        yield list(_name_scopes)
+    finally:
+        _name_scopes.pop()
+
+
+def scoped_name(name: str) -> str:
+    """``name`` under the open name scopes (``"outer/inner/name"``), or ``name`` itself."""
+    return "/".join((*_name_scopes, name)) if _name_scopes else name
+
+
+def name_scopes_open() -> bool:
+    return bool(_name_scopes)
+
+
 def push_graph(graph: "Graph") -> None:
     _graph_stack.append(graph)
 
@@ -75,6 +125,9 @@ class in_sequence:  # noqa: N801 - PopXL's public name
     """
 
     def __init__(self, enabled: bool = True):
+        if enabled is None:
+            raise InvalidArgumentError("in_sequence(None): None is not a setting", where=user_source_line(),
+                                       fix="use in_sequence(False) to let ops run in any order")
         self.enabled = enabled
 
     def __enter__(self) -> "in_sequence":

@@ -12,18 +12,20 @@ handles, so a pass that replaces nodes moves their handles with it
 from __future__ import annotations
 
 import contextlib
+import itertools
 import types
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, TypeVar, overload
 
 import torch
 import torch.fx as fx
 
-from ipuxl.errors import PassError
+from ipuxl.dtypes import dtype_name
+from ipuxl.errors import GraphContextError, InvalidArgumentError, InvalidValueError, PassError
 from ipuxl.ir import context
 from ipuxl.ir.aliases import is_written
-from ipuxl.ir.meta import BY_REF, NAME, ROLE, Role
+from ipuxl.ir.meta import BY_REF, META_SHAPE, NAME, ROLE, Role
 from ipuxl.ir.printer import format_schedule
-from ipuxl.ir.tensor import Tensor, TensorSpec, move_handle
+from ipuxl.ir.tensor import Constant, Tensor, TensorSpec, Variable, move_handle
 
 if TYPE_CHECKING:
     from ipuxl.ir.grad_info import GradGraphInfo
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
 __all__ = ["Graph", "identifier", "describe"]
 
 T = TypeVar("T", bound=Tensor)
+OpCreatedHook = Callable[[fx.Node], Any]
+_hook_handles = itertools.count(1)  # PopXL numbers hook handles across graphs
 
 
 class Graph:
@@ -42,7 +46,7 @@ class Graph:
         name: unique name within the IR (``Linear_subgraph(0)``, as PopXL names them).
         base_name: the name it was created from (``Linear``).
         fx: the underlying ``torch.fx.Graph`` (ops in program order).
-        constants: the data of the graph's constants, by ``get_attr`` target.
+        constant_data: the data of the graph's constants, by ``get_attr`` target.
         grad_info: what autodiff recorded when it differentiated this graph, else None.
     """
 
@@ -54,8 +58,9 @@ class Graph:
         self._inputs: list[Tensor] = []
         self._outputs: list[Tensor] = []
         self._handles: dict[fx.Node, Tensor] = {}
-        self.constants: dict[str, torch.Tensor] = {}
+        self.constant_data: dict[str, torch.Tensor] = {}
         self.grad_info: GradGraphInfo | None = None
+        self._op_created_hooks: dict[int, OpCreatedHook] = {}
 
     # -- context ------------------------------------------------------------------
     def __enter__(self) -> "Graph":
@@ -81,8 +86,88 @@ class Graph:
         return self.outputs
 
     @property
+    def inputs_by_name(self) -> dict[str, Tensor]:
+        return {t.name: t for t in self._inputs}
+
+    @property
     def is_main(self) -> bool:
         return self is self.ir.main_graph
+
+    @property
+    def id(self) -> str:
+        """PopXL's graph id; in ipuxl the graph's unique name."""
+        return self.name
+
+    @property
+    def main_graph(self) -> "Graph":
+        return self.ir.main_graph
+
+    # -- the graph's tensors (PopXL's Graph.tensors / variables / constants) ------------
+    @property
+    def tensors(self) -> tuple[Tensor, ...]:
+        """Every tensor of the graph, in program order: inputs, variables, constants, op results."""
+        return tuple(self._tensor(n) for n in self.fx.nodes if isinstance(n.meta.get("val"), torch.Tensor))
+
+    @property
+    def variables(self) -> tuple[Variable, ...]:
+        """The variables of the graph (only the main graph has any)."""
+        return tuple(t for t in self.tensors if isinstance(t, Variable))
+
+    @property
+    def constants(self) -> tuple[Constant, ...]:
+        """The graph's constants (their data: ``constant_data``, by ``get_attr`` target)."""
+        return tuple(t for t in self.tensors if isinstance(t, Constant))
+
+    def get_tensor(self, tensor_id: str) -> Tensor:
+        """The tensor whose ``id`` (``graph/name``) or name is ``tensor_id``.
+
+        Raises:
+            InvalidValueError: (a ValueError) no tensor of this graph has it.
+        """
+        for t in self.tensors:
+            if tensor_id in (t.id, t.name):
+                return t
+        raise InvalidValueError(f"graph '{self.name}' has no tensor with id {tensor_id!r}",
+                                where=context.user_source_line(),
+                                fix=f"ids of this graph look like '{self.name}/<tensor name>'; see graph.tensors")
+
+    def __contains__(self, value: Tensor) -> bool:
+        if not isinstance(value, Tensor):
+            raise InvalidArgumentError(f"`in graph` needs a Tensor, got {type(value).__name__}",
+                                       where=context.user_source_line())
+        return value.graph is self and value.node.graph is self.fx
+
+    def _tensor(self, node: fx.Node) -> Tensor:
+        role = node.meta.get(ROLE)
+        cls = Variable if role == Role.VARIABLE else Constant if role == Role.CONSTANT else Tensor
+        return self.wrap(node, cls)
+
+    # -- op-created hooks ---------------------------------------------------------------
+    def register_op_created_hook(self, fn: OpCreatedHook) -> int:
+        """Call ``fn(node)`` after each op is built in this graph; returns a handle.
+
+        Differs from PopXL: ``fn`` receives the op's ``torch.fx.Node`` (its PopXL name is
+        ``node.meta[ipuxl.ir.meta.OP]``), not a PopART op.
+        """
+        handle = next(_hook_handles)
+        self._op_created_hooks[handle] = fn
+        return handle
+
+    def remove_op_created_hook(self, handle: int) -> None:
+        """Remove a hook added by ``register_op_created_hook``.
+
+        Raises:
+            InvalidValueError: (a ValueError) ``handle`` is not a hook of this graph.
+        """
+        if self._op_created_hooks.pop(handle, None) is None:
+            raise InvalidValueError(f"unknown op created hook {handle!r} for graph '{self.name}'",
+                                    where=context.user_source_line(),
+                                    fix="pass the handle register_op_created_hook returned, once")
+
+    def op_created(self, node: fx.Node) -> None:
+        """Run the op-created hooks on ``node``, an op just built into this graph."""
+        for fn in tuple(self._op_created_hooks.values()):
+            fn(node)
 
     def add_input(self, spec: TensorSpec, name: str, *, by_ref: bool = False, role: str = Role.INPUT) -> Tensor:
         """Append a placeholder after the existing ones; a graph input when ``role`` is ``Role.INPUT``.
@@ -95,6 +180,8 @@ class Graph:
         node.meta[NAME] = name
         node.meta[ROLE] = role
         node.meta[BY_REF] = by_ref
+        if spec.meta_shape:
+            node.meta[META_SHAPE] = spec.meta_shape
         tensor = self.wrap(node)
         if role == Role.INPUT:
             self._inputs.append(tensor)
@@ -246,5 +333,5 @@ def identifier(name: str) -> str:
 def describe(value: Any) -> str:
     """Short description of a value for error messages."""
     if isinstance(value, Tensor):
-        return f"'{value.name}' {tuple(value.shape)} {str(value.dtype).replace('torch.', '')}"
+        return f"'{value.name}' {tuple(value.shape)} {dtype_name(value.dtype)}"
     return repr(value)

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from ipuxl.dtypes import DOWNCAST, check_supported, from_any, to_numpy_dtype
-from ipuxl.errors import GraphContextError, InvalidArgumentError, ReplicationError
+from ipuxl import dtypes
+from ipuxl.dtypes import DOWNCAST, DTypeLike, check_supported, from_any, to_numpy_dtype
+from ipuxl.errors import InvalidArgumentError, ReplicationError, WrongGraphError
 from ipuxl.ir import context
 from ipuxl.ir.meta import NAME, ROLE, SOURCE, Role
 from ipuxl.ir.replica_grouping import ReplicaGrouping
@@ -26,9 +27,9 @@ if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
     from ipuxl.ir.ir import Ir
 
-__all__ = ["build_graph", "graph_input", "variable", "constant", "Module"]
+__all__ = ["build_graph", "graph_input", "graph_output", "variable", "constant", "Module"]
 
-_PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype, slice, type(Ellipsis))
+_PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype, dtypes.dtype, slice, type(Ellipsis))
 
 
 class Module:
@@ -63,19 +64,40 @@ def build_graph(ir: "Ir", fn: Callable[..., Any], args: tuple, kwargs: dict) -> 
             else:
                 bound.arguments[param] = _as_inputs(graph, param, value, by_ref=param in by_ref)
         result = target(*bound.args, **bound.kwargs)
-        graph.set_outputs(_outputs(graph, name, result))
+        for output in _outputs(graph, name, result):  # after any marked with graph_output
+            graph.add_output(output)
     return graph
 
 
-def graph_input(shape: Any, dtype: torch.dtype, name: str | None = None,
+def graph_input(shape: Any, dtype: DTypeLike, name: str | None = None,
                 by_ref: bool = False, meta_shape: Any = None) -> Tensor:
     """Add an input of ``shape`` and ``dtype`` to the current graph."""
     graph = context.gcg()
     spec = TensorSpec(tuple(shape), dtype, tuple(meta_shape or ()))
-    return graph.add_input(spec, name or "t", by_ref=by_ref)
+    return graph.add_input(spec, context.scoped_name(name or "t"), by_ref=by_ref)
 
 
-def variable(data: Any, dtype: torch.dtype | None = None, name: str | None = None,
+def graph_output(t: Tensor) -> None:
+    """Mark ``t`` as the next output of the current graph (PopXL's ``graph_output``).
+
+    Outputs marked this way come before those the graph function returns.
+
+    Raises:
+        WrongGraphError: (a ValueError) ``t`` is not a tensor of the current graph.
+    """
+    graph = context.gcg()
+    if not isinstance(t, Tensor):
+        raise InvalidArgumentError(f"graph_output needs a Tensor, got {type(t).__name__}",
+                                   where=context.user_source_line())
+    if t.graph is not graph:
+        raise WrongGraphError(
+            f"graph_output of tensor '{t.name}' of graph '{t.graph.name}' while building graph '{graph.name}'",
+            where=context.user_source_line(),
+            fix="mark a tensor computed in the graph being built")
+    graph.add_output(t)
+
+
+def variable(data: Any, dtype: DTypeLike | None = None, name: str | None = None,
              downcast: bool = True, replica_grouping: "ReplicaGrouping | None" = None,
              retrieval_mode: str | None = None, **unused: Any) -> Variable:
     """Create a variable in the main graph, initialised with a copy of ``data``.
@@ -86,13 +108,13 @@ def variable(data: Any, dtype: torch.dtype | None = None, name: str | None = Non
     ``Session.get_tensor_data`` returns, as in PopXL.
 
     Raises:
-        GraphContextError: outside the main graph (variables live only there).
+        WrongGraphError: (a ValueError) outside the main graph (variables live only there).
         ReplicationError: a grouping of another replica count, or data without the
             group dimension.
     """
     graph = context.gcg()
     if not graph.is_main:
-        raise GraphContextError(
+        raise WrongGraphError(
             f"variable '{name or 'variable'}' created in subgraph '{graph.name}': variables "
             "can only be created in the main graph",
             where=context.user_source_line(),
@@ -102,9 +124,9 @@ def variable(data: Any, dtype: torch.dtype | None = None, name: str | None = Non
     array, torch_dtype = _host_array(data, dtype, downcast, f"variable '{name or 'variable'}'")
     ir = graph.ir
     shape = _grouped_shape(ir, name or "variable", array.shape, replica_grouping, retrieval_mode)
-    attr = ir.unique_name(set(ir.variable_records) | set(graph.constants), _attr_name(name or "variable"))
+    attr = ir.unique_name(set(ir.variable_records) | set(graph.constant_data), _attr_name(name or "variable"))
     node = graph.fx.get_attr(attr)
-    _record_leaf(node, shape, torch_dtype, name or attr, Role.VARIABLE)
+    _record_leaf(node, shape, torch_dtype, context.scoped_name(name or attr), Role.VARIABLE)
     tensor = graph.wrap(node, Variable)
     ir.record_variable(attr, tensor, array, replica_grouping, retrieval_mode or "one_per_group")
     return tensor
@@ -139,15 +161,15 @@ def _grouped_shape(ir: "Ir", name: str, data_shape: tuple[int, ...], grouping: A
     return tuple(data_shape[1:])
 
 
-def constant(data: Any, dtype: torch.dtype | None = None, name: str | None = None,
+def constant(data: Any, dtype: DTypeLike | None = None, name: str | None = None,
              downcast: bool = True) -> Constant:
     """Create a constant tensor in the current graph."""
     graph = context.gcg()
     array, torch_dtype = _host_array(data, dtype, downcast, f"constant '{name or 'constant'}'")
-    attr = graph.ir.unique_name(set(graph.constants) | set(graph.ir.variable_records), _attr_name(name or "constant"))
-    graph.constants[attr] = torch.from_numpy(array).to(torch_dtype)
+    attr = graph.ir.unique_name(set(graph.constant_data) | set(graph.ir.variable_records), _attr_name(name or "constant"))
+    graph.constant_data[attr] = torch.from_numpy(array).to(torch_dtype)
     node = graph.fx.get_attr(attr)
-    _record_leaf(node, array.shape, torch_dtype, name or attr, Role.CONSTANT)
+    _record_leaf(node, array.shape, torch_dtype, context.scoped_name(name or attr), Role.CONSTANT)
     return graph.wrap(node, Constant)
 
 
@@ -219,7 +241,7 @@ def _outputs(graph: "Graph", name: str, result: Any) -> list[Tensor]:
         )
     for t in items:
         if t.graph is not graph:
-            raise GraphContextError(
+            raise WrongGraphError(
                 f"`{name}` returned tensor '{t.name}' of graph '{t.graph.name}', not of the graph being built",
                 fix="return tensors computed inside the graph function",
             )

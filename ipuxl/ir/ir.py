@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
@@ -41,7 +41,10 @@ class Ir:
     """A PopXL IR: build ops in ``ir.main_graph``, subgraphs with ``create_graph``.
 
     Args:
-        replication: number of data-parallel replicas (``replication_factor``).
+        replication: number of data-parallel replicas (``replication_factor``), or
+            ``"popdist"``: one replica per process of the launcher's world (torchrun's
+            ``WORLD_SIZE``; 1 when not launched by it), as PopXL takes the total
+            replica count from popdist.
 
     Example:
         >>> import ipuxl, ipuxl.ops as ops
@@ -53,9 +56,9 @@ class Ir:
 
     _ids = itertools.count()
 
-    def __init__(self, replication: int = 1):
+    def __init__(self, replication: int | Literal["popdist"] = 1):
         self.id = next(Ir._ids)
-        self.replication_factor = replication
+        self.replication_factor = world()[0] if replication == "popdist" else replication
         self.num_host_transfers = 1
         self.graphs: list[Graph] = []
         self._subgraph_count = 0
@@ -75,7 +78,7 @@ class Ir:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise InvalidArgumentError(
                 f"replication factor must be a positive int, got {value!r}",
-                fix="use Ir(replication=1) for one replica",
+                fix="use Ir(replication=1) for one replica, or Ir(replication='popdist') for one per process",
             )
         self._replication_factor = value
 
@@ -88,7 +91,7 @@ class Ir:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise InvalidArgumentError(
                 f"num_host_transfers must be a positive int, got {value!r}",
-                fix="set ir.num_host_transfers to the number of main-program runs per Session.run",
+                fix="set ir.num_host_transfers to the number of times each stream is loaded (or stored) per Session.run",
             )
         self._num_host_transfers = value
 
@@ -96,6 +99,19 @@ class Ir:
         """Groups of this IR's replicas: members ``stride`` apart, ``group_size`` per group
         (default: ``replication_factor // stride``). See ``ReplicaGrouping``."""
         return ReplicaGrouping(self.replication_factor, stride, group_size)
+
+    def replica_grouping_from_assignments(self, assignment: Sequence[int]) -> ReplicaGrouping:
+        """The grouping putting replica ``r`` in group ``assignment[r]`` (PopXL's).
+
+        Groups are numbered 0, 1, ... in order of first appearance and are all the same
+        size. A grouping with one stride between all members is returned as
+        ``replica_grouping(stride, group_size)``; others are non-const (``is_const``).
+
+        Raises:
+            ReplicationError: (a ValueError) the assignment does not fit those rules or
+                has a length other than ``replication_factor``.
+        """
+        return ReplicaGrouping.from_assignment(self.replication_factor, assignment)
 
     @property
     def instance_replication_factor(self) -> int:

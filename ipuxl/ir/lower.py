@@ -15,26 +15,62 @@ Used by the device to compile each graph once and by passes that trace a graph
 3. make every ``get_attr`` (variables, constants) an attribute of the module;
 4. add the output node returning the graph's outputs as a tuple, copying outputs
    that share storage with an input or constant (PopXL call outputs are new tensors).
+
+Host transfers (when the device gives ``io_index``, stream -> cursor position): a
+graph that loads or stores a stream, itself or through a callee, takes the run's
+cursors as its first argument (``ipuxl_host_io``) and passes them on to such
+callees, so compiled callees stay the same for every replica. A load becomes
+``next(ipuxl_host_io[k])``; a store's slot becomes the same, right before the copy.
 """
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any, Callable, cast
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 
 import torch
 import torch.fx as fx
 
 from ipuxl.ir.aliases import is_view, storage_owner, writes, written_nodes
-from ipuxl.ir.calls import RepeatTarget, callee_of, is_call, is_repeat, repeat_count, run_repeat
+from ipuxl.ir.calls import (
+    RepeatTarget, callee_of, does_host_io, is_call, is_host_transfer, is_repeat, repeat_count, run_repeat,
+)
 from ipuxl.ir.graph import identifier
-from ipuxl.ir.meta import BY_REF_ARGS
+from ipuxl.ir.meta import BY_REF_ARGS, STREAM
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
+    from ipuxl.ir.streams import Stream
 
-__all__ = ["lower_graph", "lower_to_fx", "graph_callable", "compiled_callee"]
+__all__ = ["lower_graph", "lower_to_fx", "graph_callable", "compiled_callee", "HOST_IO"]
 
 CalleeFn = Callable[["Graph"], Callable[..., Any]]
+
+#: The name of the cursors argument of a lowered graph that does host IO.
+HOST_IO = "ipuxl_host_io"
+
+
+@dataclass
+class _HostIO:
+    """Host-transfer lowering of one graph: where each stream's cursor is, the cursors
+    argument (None when the graph does no host IO) and which graphs do host IO."""
+
+    index: Mapping["Stream", int]
+    arg: fx.Node | None = None
+    uses_io: dict["Graph", bool] = field(default_factory=dict)
+
+    def does_io(self, graph: "Graph") -> bool:
+        if graph not in self.uses_io:
+            self.uses_io[graph] = does_host_io(graph)
+        return self.uses_io[graph]
+
+    def next_slice(self, new: fx.Graph, node: fx.Node) -> fx.Node:
+        """``next(cursors[k])`` for the stream of load or store slot ``node``."""
+        assert self.arg is not None, "a graph with host transfers takes the cursors"
+        cursor = new.call_function(operator.getitem, (self.arg, self.index[node.meta[STREAM]]))
+        value = new.call_function(next, (cursor,))
+        value.meta.update(node.meta)
+        return value
 
 
 def graph_callable(graph: "Graph") -> Callable[..., tuple]:
@@ -50,7 +86,8 @@ def graph_callable(graph: "Graph") -> Callable[..., tuple]:
 
 
 def lower_graph(graph: "Graph", callee_fn: CalleeFn, attrs: dict[str, torch.Tensor] | None = None,
-                *, inline: Callable[["Graph"], bool] | None = None) -> fx.GraphModule:
+                *, inline: Callable[["Graph"], bool] | None = None,
+                io_index: Mapping["Stream", int] | None = None) -> fx.GraphModule:
     """Build a GraphModule for ``graph`` (see the module docstring for the steps).
 
     Args:
@@ -59,38 +96,51 @@ def lower_graph(graph: "Graph", callee_fn: CalleeFn, attrs: dict[str, torch.Tens
         attrs: tensors for ``get_attr`` nodes beyond the graph's constants (variables).
         inline: graphs for which this returns True are copied into the caller instead
             of called (the device inlines graphs with a single call site).
+        io_index: the position of each stream's cursor in the run's cursors (the
+            device's); None leaves host loads as their IR op (outside a Session).
     """
-    root, new = lower_to_fx(graph, callee_fn, attrs, inline=inline)
+    root, new = lower_to_fx(graph, callee_fn, attrs, inline=inline, io_index=io_index)
     return fx.GraphModule(root, new, class_name=identifier(f"ipuxl_{graph.name}"))
 
 
 def lower_to_fx(graph: "Graph", callee_fn: CalleeFn, attrs: dict[str, torch.Tensor] | None = None,
-                *, inline: Callable[["Graph"], bool] | None = None) -> tuple[torch.nn.Module, fx.Graph]:
+                *, inline: Callable[["Graph"], bool] | None = None,
+                io_index: Mapping["Stream", int] | None = None) -> tuple[torch.nn.Module, fx.Graph]:
     """``lower_graph`` before code generation: the module holding the attributes and the
     fx graph, for passes that rewrite it before it becomes a GraphModule (code is then
     generated once)."""
     new = fx.Graph()
     root = torch.nn.Module()
-    values = dict(graph.constants, **(attrs or {}))
-    outputs = _copy_graph(new, root, graph, {}, values, callee_fn, inline, prefix="")
+    values = dict(graph.constant_data, **(attrs or {}))
+    io = None
+    if io_index is not None:
+        io = _HostIO(io_index)
+        if io.does_io(graph):
+            io.arg = new.placeholder(HOST_IO)
+    outputs = _copy_graph(new, root, graph, {}, values, callee_fn, inline, prefix="", io=io)
     new.output(tuple(outputs))
     return root, new
 
 
 def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[fx.Node, fx.Node],
                 values: dict[str, torch.Tensor], callee_fn: CalleeFn, inline: Callable[["Graph"], bool] | None,
-                prefix: str, shared_outputs: frozenset[int] = frozenset()) -> list[fx.Node]:
+                prefix: str, shared_outputs: frozenset[int] = frozenset(), io: _HostIO | None = None) -> list[fx.Node]:
     """Copy ``graph``'s nodes into ``new`` (inputs already bound in ``env``); return its outputs.
 
     Outputs whose storage is an input are copied (PopXL returns new tensors), except
     those in ``shared_outputs``: the caller inlining this graph has checked that
-    nothing writes that storage while the output is still read.
+    nothing writes that storage while the output is still read. With ``io``, host
+    loads and store slots read the run's cursors (see the module docstring).
     """
     written_views = _views_to_copy(graph)
     write_positions = _write_positions(graph)
     inlined: dict[fx.Node, list[fx.Node]] = {}
     for node in graph.fx.nodes:
         if node in env:  # an input bound by the caller of an inlined graph
+            continue
+        if io is not None and is_host_transfer(node):
+            if node.op != "placeholder":  # a load; a store's slot is taken right before the store
+                env[node] = io.next_slice(new, node)
             continue
         if node.op == "get_attr":
             name = prefix + node.target
@@ -105,12 +155,16 @@ def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[
             called = callee_of(node)
             bound = dict(zip((t.node for t in called.inputs), _call_args(new, node, env)))
             shared = _unwritten_outputs(graph, node, write_positions, written_views)
-            inlined[node] = _copy_graph(new, root, called, bound, dict(called.constants), callee_fn, inline,
-                                        prefix=f"{prefix}{identifier(called.name)}__", shared_outputs=shared)
+            inlined[node] = _copy_graph(new, root, called, bound, dict(called.constant_data), callee_fn, inline,
+                                        prefix=f"{prefix}{identifier(called.name)}__", shared_outputs=shared, io=io)
             continue
         elif is_call(node):
-            env[node] = _lower_call(new, node, env, callee_fn)
+            env[node] = _lower_call(new, node, env, callee_fn, io)
         else:
+            if io is not None:
+                for arg in node.all_input_nodes:
+                    if arg not in env and is_host_transfer(arg):
+                        env[arg] = io.next_slice(new, arg)
             env[node] = new.node_copy(node, lambda n: env[n])
         if node in written_views:
             env[node] = new.call_function(torch.clone, (env[node],))
@@ -196,19 +250,32 @@ def _call_args(new: fx.Graph, node: fx.Node, env: dict) -> list[fx.Node]:
     return args
 
 
-def _lower_call(new: fx.Graph, node: fx.Node, env: dict, callee_fn: CalleeFn) -> fx.Node:
+def _lower_call(new: fx.Graph, node: fx.Node, env: dict, callee_fn: CalleeFn, io: _HostIO | None) -> fx.Node:
+    """A direct call of the callee's code (a loop of it for a repeat); the cursors go
+    first to a callee that does host IO."""
     called = callee_of(node)
     args = _call_args(new, node, env)
     fn = callee_fn(called)
+    with_io = io is not None and io.does_io(called)
     if is_repeat(node):
         name = cast(RepeatTarget, node.target).__name__
-        fn = _named(_repeat_fn(fn, repeat_count(node), len(called.outputs)), name)
+        fn = _named(_repeat_fn(fn, repeat_count(node), len(called.outputs), with_io), name)
+    if with_io:
+        assert io is not None and io.arg is not None, "a caller of a graph with host IO takes the cursors"
+        args = [io.arg, *args]
     lowered = new.call_function(fn, tuple(args))
     lowered.meta.update(node.meta)
     return lowered
 
 
-def _repeat_fn(body: Callable[..., tuple], count: int, n_carried: int) -> Callable[..., tuple]:
+def _repeat_fn(body: Callable[..., tuple], count: int, n_carried: int, with_io: bool) -> Callable[..., tuple]:
+    body = getattr(body, "__wrapped__", body)  # the loop calls the callee's code itself: one frame less per iteration
+    if with_io:
+        def repeat_io(io: Any, *args: Any) -> tuple:
+            return run_repeat(body, count, n_carried, args, io)
+
+        return repeat_io
+
     def repeat(*args: Any) -> tuple:
         return run_repeat(body, count, n_carried, args)
 
@@ -222,6 +289,7 @@ def _named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
 
     call.__name__ = call.__qualname__ = name
     call.__module__ = "ipuxl.compiled"
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
     return call
 
 

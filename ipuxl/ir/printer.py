@@ -59,7 +59,7 @@ def format_schedule(graph: "Graph", named: Mapping["Tensor", str] | None = None)
     lines = [f"Graph : {graph.name}", ""]
     op_id = 100
     for node in graph.fx.nodes:
-        if node.op in ("placeholder", "get_attr") and node.meta.get(ROLE) != Role.H2D:
+        if node.op in ("placeholder", "get_attr"):
             continue
         if node.meta.get(OP) == "output_of" or (node.op == "call_function" and _is_item(node)):
             continue
@@ -83,7 +83,7 @@ def _ref(node: Any, ids: dict[Any, str]) -> str:
 
 
 def _op_line(node: fx.Node, op_id: int, ids: dict[fx.Node, str]) -> str:
-    if node.op == "placeholder":  # a host_load
+    if node.meta.get(OP) == "host_load":
         return f"HostLoad.{op_id}({node.meta[STREAM].name}) () -> ({_typed(node, ids)})"
     name = node.meta.get(OP) or _target_name(node.target)
     op_type = _OP_TYPES.get(name, _pascal(name))

@@ -1,10 +1,9 @@
 """Host streams: the named channels between the host and the device program."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Sequence, TypeVar
 
-import torch
-
+from ipuxl import dtypes
 from ipuxl.dtypes import check_supported, dtype_name, from_any
 from ipuxl.ir.context import gcg
 from ipuxl.ir.tensor import TensorSpec
@@ -26,8 +25,9 @@ class Stream:
         return self.spec.shape
 
     @property
-    def dtype(self) -> torch.dtype:
-        return self.spec.dtype
+    def dtype(self) -> "dtypes.dtype":
+        """The PopXL dtype (``spec.dtype`` is the torch dtype)."""
+        return dtypes.public(self.spec.dtype)
 
     @property
     def tensor_id(self) -> str:
@@ -48,7 +48,7 @@ class DeviceToHostStream(Stream):
 S = TypeVar("S", bound=Stream)
 
 
-def _new_stream(cls: type[S], shape: Sequence[int], dtype: torch.dtype, name: str | None) -> S:
+def _new_stream(cls: type[S], shape: Sequence[int], dtype: Any, name: str | None) -> S:
     """A stream of class ``cls`` in the current graph's IR, named uniquely after ``name``."""
     ir = gcg().ir
     stream_name = ir.unique_stream_name(name or cls.__name__.lower())
@@ -60,7 +60,7 @@ def _new_stream(cls: type[S], shape: Sequence[int], dtype: torch.dtype, name: st
     return stream
 
 
-def h2d_stream(shape: Sequence[int], dtype: torch.dtype, name: str | None = None) -> HostToDeviceStream:
+def h2d_stream(shape: Sequence[int], dtype: Any, name: str | None = None) -> HostToDeviceStream:
     """Create a host-to-device stream of ``shape`` and ``dtype`` in the current IR.
 
     Raises:
@@ -69,7 +69,7 @@ def h2d_stream(shape: Sequence[int], dtype: torch.dtype, name: str | None = None
     return _new_stream(HostToDeviceStream, shape, dtype, name)
 
 
-def d2h_stream(shape: Sequence[int], dtype: torch.dtype, name: str | None = None) -> DeviceToHostStream:
+def d2h_stream(shape: Sequence[int], dtype: Any, name: str | None = None) -> DeviceToHostStream:
     """Create a device-to-host stream of ``shape`` and ``dtype`` in the current IR.
 
     Raises:

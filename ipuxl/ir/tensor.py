@@ -10,14 +10,20 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
+import numpy as np
 import torch
 import torch.fx as fx
 
+from ipuxl import dtypes
 from ipuxl.dtypes import dtype_name, from_any
-from ipuxl.ir.meta import NAME
+from ipuxl.errors import InvalidArgumentError, InvalidValueError, UndefinedValue
+from ipuxl.ir.context import user_source_line
+from ipuxl.ir.meta import META_SHAPE, NAME
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
+    from ipuxl.ir.ir import Ir, VariableRecord
+    from ipuxl.ir.replica_grouping import ReplicaGrouping
 
 __all__ = ["Tensor", "TensorSpec", "Variable", "Constant", "TensorByRef", "move_handle"]
 
@@ -43,6 +49,27 @@ class TensorSpec:
 
     def to_meta(self) -> torch.Tensor:
         return torch.empty(self.shape, dtype=self.dtype, device="meta")
+
+    # PopXL's TensorSpec is a Mapping of shape, dtype and meta_shape: ``graph_input(**spec)`` works.
+    def keys(self) -> tuple[str, ...]:
+        return ("shape", "dtype", "meta_shape")
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def __iter__(self) -> Any:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return 3
+
+    def to_dict(self) -> dict[str, Any]:
+        """PopXL's ``TensorSpec.to_dict``: shape, dtype (a PopXL dtype) and meta_shape."""
+        return {"shape": self.shape, "dtype": dtypes.public(self.dtype), "meta_shape": self.meta_shape}
+
+    def to_tuple(self) -> tuple[tuple[int, ...], Any, tuple[int, ...]]:
+        """PopXL's ``TensorSpec.to_tuple``: ``(shape, dtype, meta_shape)``."""
+        return self.shape, dtypes.public(self.dtype), self.meta_shape
 
     def __repr__(self) -> str:
         return f"TensorSpec(shape={self.shape}, dtype={dtype_name(self.dtype)})"
@@ -84,12 +111,27 @@ class Tensor:
         return tuple(self._meta.shape)
 
     @property
-    def dtype(self) -> torch.dtype:
-        return self._meta.dtype
+    def dtype(self) -> "dtypes.dtype":
+        """The PopXL dtype (equal to the torch dtype of the graph's value)."""
+        return dtypes.public(self._meta.dtype)
+
+    @property
+    def meta_shape(self) -> tuple[int, ...]:
+        """The unsharded shape of a replica-sharded tensor; ``()`` otherwise."""
+        return tuple(self._node.meta.get(META_SHAPE, ()))
 
     @property
     def spec(self) -> TensorSpec:
-        return TensorSpec(self.shape, self.dtype)
+        return TensorSpec(self.shape, self._meta.dtype)
+
+    @property
+    def ir(self) -> "Ir":
+        return self._graph.ir
+
+    @property
+    def scope(self) -> str:
+        """The name of the graph the tensor belongs to (PopXL's graph scope of its id)."""
+        return self._graph.name
 
     @property
     def rank(self) -> int:
@@ -102,8 +144,14 @@ class Tensor:
         return math.prod(self.shape)
 
     def __len__(self) -> int:
+        """The size of axis 0.
+
+        Raises:
+            InvalidValueError: (a ValueError, as in PopXL) the tensor is a scalar.
+        """
         if not self.shape:
-            raise TypeError(f"len() of a scalar tensor '{self.name}'")
+            raise InvalidValueError(f"len() of scalar tensor '{self.name}': a scalar has no axis 0",
+                                    where=user_source_line(), fix="use t.shape or t.nelms")
         return self.shape[0]
 
     def __repr__(self) -> str:
@@ -113,41 +161,61 @@ class Tensor:
         return id(self)
 
     def __bool__(self) -> bool:
-        raise TypeError(
-            f"the truth value of tensor '{self.name}' is not known while building a graph; "
-            "use ops such as ops.equal or ops.logical_and instead of Python control flow"
-        )
+        raise InvalidArgumentError(
+            f"the truth value of tensor '{self.name}' is not known while building a graph",
+            where=user_source_line(),
+            fix="use ops such as ops.equal or ops.logical_and instead of Python control flow")
 
     # -- operators build ops ------------------------------------------------------
+    def _ensure_tensor(self, value: Any) -> "Tensor":
+        """``value`` as a tensor: host data becomes a constant of this tensor's dtype (PopXL's rule).
+
+        Raises:
+            InvalidValueError: (a ValueError) the host data has no elements.
+        """
+        if isinstance(value, Tensor):
+            return value
+        from ipuxl.ir.graph_builder import constant  # graph_builder imports this module: bind late
+
+        tensor = constant(value, dtype=self._meta.dtype)
+        if tensor.nelms == 0:
+            raise InvalidValueError(f"operand {value!r} of an operator on tensor '{self.name}' has no elements",
+                                    where=user_source_line(), fix="make an empty tensor explicitly if you mean one")
+        return tensor
+
+    def _host(self, value: Any) -> Any:
+        """Host arrays and sequences become constants of this dtype; Python numbers stay numbers."""
+        return self._ensure_tensor(value) if isinstance(value, (np.ndarray, torch.Tensor, list, tuple)) else value
+
     def __add__(self, other: Any) -> "Tensor":
-        return _ops().add(self, other)
+        return _ops().add(self, self._host(other))
 
     def __radd__(self, other: Any) -> "Tensor":
-        return _ops().add(other, self)
+        return _ops().add(self._host(other), self)
 
     def __sub__(self, other: Any) -> "Tensor":
-        return _ops().sub(self, other)
+        return _ops().sub(self, self._host(other))
 
     def __rsub__(self, other: Any) -> "Tensor":
-        return _ops().sub(other, self)
+        return _ops().sub(self._host(other), self)
 
     def __mul__(self, other: Any) -> "Tensor":
-        return _ops().mul(self, other)
+        return _ops().mul(self, self._host(other))
 
     def __rmul__(self, other: Any) -> "Tensor":
-        return _ops().mul(other, self)
+        return _ops().mul(self._host(other), self)
 
     def __truediv__(self, other: Any) -> "Tensor":
-        return _ops().div(self, other)
+        return _ops().div(self, self._host(other))
 
     def __rtruediv__(self, other: Any) -> "Tensor":
-        return _ops().div(other, self)
+        return _ops().div(self._host(other), self)
 
     def __matmul__(self, other: Any) -> "Tensor":
-        return _ops().matmul(self, other)
+        return _ops().matmul(self, self._ensure_tensor(other))
 
     def __rmatmul__(self, other: Any) -> "Tensor":
-        return _ops().matmul(other, self)
+        return _ops().matmul(self._ensure_tensor(other), self)
 
     def __pow__(self, other: Any) -> "Tensor":
         return _ops().pow(self, other)
@@ -175,16 +243,46 @@ class Tensor:
         return _ops().logical_or(_ops().greater(self, other), _ops().equal(self, other))
 
     def __and__(self, other: Any) -> "Tensor":
-        return _ops().logical_and(self, other)
+        return _ops().logical_and(self, self._host(other))
 
     def __or__(self, other: Any) -> "Tensor":
-        return _ops().logical_or(self, other)
+        return _ops().logical_or(self, self._host(other))
 
     def __invert__(self) -> "Tensor":
         return _ops().logical_not(self)
 
+    def __rand__(self, other: Any) -> "Tensor":
+        return _ops().logical_and(self._ensure_tensor(other), self)
+
+    def __ror__(self, other: Any) -> "Tensor":
+        return _ops().logical_or(self._ensure_tensor(other), self)
+
+    def __mod__(self, other: Any) -> "Tensor":
+        """``ops.fmod(self, other)``: the remainder has the sign of ``self``, as in PopXL."""
+        return _ops().fmod(self, self._ensure_tensor(other))
+
+    def __rmod__(self, other: Any) -> "Tensor":
+        return _ops().fmod(self._ensure_tensor(other), self)
+
+    def __iadd__(self, other: Any) -> "Tensor":
+        """``t += x`` adds in place (``ops.add_``), as in PopXL."""
+        _ops().add_(self, self._host(other))
+        return self
+
     def __getitem__(self, key: Any) -> "Tensor":
         return _ops().getitem(self, key)
+
+    # No iteration or ``in`` through __getitem__; numpy defers to the reflected operators.
+    __iter__ = None
+    __contains__ = None
+    __array_ufunc__ = None
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        raise UndefinedValue(
+            f"tensor '{self.name}' of graph '{self._graph.name}' has no value while the graph is being built",
+            where=user_source_line(),
+            fix="read it after running: ops.host_store it to a d2h stream, or session.get_tensor_data(t) "
+                "for a variable")
 
     # -- methods ------------------------------------------------------------------
     def reshape(self, shape: Sequence[int]) -> "Tensor":
@@ -200,8 +298,34 @@ class Tensor:
     def T(self) -> "Tensor":  # noqa: N802 - PopXL's public name
         return _ops().transpose(self)
 
+    @property
+    def T_(self) -> "Tensor":  # noqa: N802 - PopXL's public name
+        """The tensor with its axes reversed, in place (``ops.transpose_``)."""
+        return _ops().transpose_(self)
+
+    def reshape_(self, shape: Sequence[int]) -> "Tensor":
+        return _ops().reshape_(self, shape)
+
+    def flatten_(self) -> "Tensor":
+        return _ops().flatten_(self)
+
+    def transpose_(self, permutation: Sequence[int] | None = None) -> "Tensor":
+        return _ops().transpose_(self, permutation)
+
     def detach(self) -> "Tensor":
         return _ops().detach(self)
+
+    def detach_(self) -> "Tensor":
+        return _ops().detach_(self)
+
+    def strides(self, shape: Sequence[int] | None = None) -> tuple[int, ...]:
+        """Bytes to step in each dimension of a contiguous tensor of ``shape`` (default: its own)."""
+        shape = tuple(self.shape if shape is None else shape)
+        step, out = self.dtype.itemsize, []
+        for dim in reversed(shape):
+            out.append(step)
+            step *= dim
+        return tuple(reversed(out))
 
     def copy_to_ipu(self, *args: Any) -> "Tensor":
         """Single-IPU programs: the tensor is already where it is needed."""
@@ -217,11 +341,42 @@ class Variable(Tensor):
     def is_variable(self) -> bool:
         return True
 
+    @property
+    def replica_grouping(self) -> "ReplicaGrouping":
+        """The grouping of replicas that share this variable's value (one group by default)."""
+        return self._record.replica_grouping(self.ir.replication_factor)
+
+    @property
+    def retrieval_mode(self) -> str:
+        """``"one_per_group"`` or ``"all_replicas"``: what ``Session.get_tensor_data`` returns."""
+        return self._record.retrieval_mode
+
+    @property
+    def shape_on_replica(self) -> tuple[int, ...]:
+        """The shape each replica holds (``shape``)."""
+        return self.shape
+
+    @property
+    def shape_on_host(self) -> tuple[int, ...]:
+        """The shape of the host data: ``(num_groups, *shape)`` when several groups hold values."""
+        groups = self.replica_grouping.num_groups
+        return (groups, *self.shape) if groups > 1 else self.shape
+
+    @property
+    def _record(self) -> "VariableRecord":
+        return self.ir.variable_records[str(self._node.target)]
+
 
 class Constant(Tensor):
     """A tensor whose value is fixed when the graph is built."""
 
     __slots__ = ()
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        """The constant's value (``np.asarray(c)``); bfloat16 data reads as float32."""
+        data = self._graph.constant_data[str(self._node.target)]
+        array = (data.float() if data.dtype == torch.bfloat16 else data).numpy().copy()
+        return array if dtype is None else array.astype(dtype)
 
 
 class TensorByRef:

@@ -9,8 +9,9 @@ package downwards, so neither reaches into the other:
 - ``random``: seeded draws, as plain functions and as ``torch.ops.ipuxl.*`` custom
   ops (registered on import);
 - ``collectives``: exact collectives across replicas, run through the exchange the
-  device installs while a replica runs.
+  device installs while a replica runs;
+- ``host_io``: host loads and the per-stream cursors a run reads them from.
 """
-from ipuxl.kernels import collectives, random, var_updates
+from ipuxl.kernels import collectives, host_io, random, var_updates
 
-__all__ = ["collectives", "random", "var_updates"]
+__all__ = ["collectives", "host_io", "random", "var_updates"]

@@ -23,7 +23,7 @@ from ipuxl.ir.replica_grouping import ReplicaGrouping
 
 __all__ = [
     "Combine", "Exchange", "current_replica", "running_as", "REDUCTIONS",
-    "all_reduce", "all_reduce_", "reduce_scatter", "all_gather",
+    "all_reduce", "all_reduce_", "reduce_scatter", "all_gather", "all_gather_grad", "differentiable_all_gather",
 ]
 
 #: ``combine(tensors of all replicas in order, wanted replicas)``: the results of the wanted replicas.
@@ -175,3 +175,77 @@ def all_gather(t: torch.Tensor, axis: int, mode: str, stride: int, group_size: i
         return torch.cat(members, dim=axis)  # "concat"
 
     return _collective(t, stride, group_size, per_group, "replicated_all_gather", shared="copy")
+
+
+# -- the differentiable all-gather ----------------------------------------------------------------
+# ``all_gather`` as a torch custom op (one node when traced, whatever the exchange) with an
+# ``autograd.Function`` whose backward is a reduce-scatter (sum) of the gradient, as PopXL
+# differentiates it: replica i's input reached every replica's output, so its gradient is
+# the sum over replicas of their output gradients' slice i.
+def _gather_shape(shape: list[int], axis: int, mode: str, group_size: int, meta_shape: list[int]) -> list[int]:
+    if mode == "new_axis" or not shape:
+        return [group_size, *shape]
+    if mode == "meta_shape":
+        return list(meta_shape)
+    return [d * group_size if i == axis % len(shape) else d for i, d in enumerate(shape)]
+
+
+@torch.library.custom_op("ipuxl::all_gather", mutates_args=())
+def _all_gather_op(t: torch.Tensor, axis: int, mode: str, stride: int, group_size: int,
+                   meta_shape: list[int]) -> torch.Tensor:
+    out = all_gather(t, axis, mode, stride, group_size, tuple(meta_shape))
+    return out.clone() if out.data_ptr() == t.data_ptr() else out
+
+
+@_all_gather_op.register_fake
+def _(t: torch.Tensor, axis: int, mode: str, stride: int, group_size: int, meta_shape: list[int]) -> torch.Tensor:
+    return t.new_empty(_gather_shape(list(t.shape), axis, mode, group_size, meta_shape))
+
+
+def all_gather_grad(dy: torch.Tensor, axis: int, mode: str, stride: int, group_size: int,
+                    in_shape: list[int]) -> torch.Tensor:
+    """The gradient of ``all_gather`` for this replica's input: the sum over the group's
+    replicas of their ``dy``'s slice for this member (a reduce-scatter of ``dy``)."""
+    concat = mode == "concat" and len(in_shape) > 0
+    moved = dy.movedim(axis, 0) if concat else dy
+    shard = reduce_scatter(moved.contiguous(), "add", stride, group_size)
+    if concat:
+        shape = [in_shape[axis % len(in_shape)]] + [d for i, d in enumerate(in_shape) if i != axis % len(in_shape)]
+        return shard.reshape(shape).movedim(0, axis)
+    return shard.reshape(in_shape)
+
+
+@torch.library.custom_op("ipuxl::all_gather_grad", mutates_args=())
+def _all_gather_grad_op(dy: torch.Tensor, axis: int, mode: str, stride: int, group_size: int,
+                        in_shape: list[int]) -> torch.Tensor:
+    return all_gather_grad(dy, axis, mode, stride, group_size, in_shape)
+
+
+@_all_gather_grad_op.register_fake
+def _(dy: torch.Tensor, axis: int, mode: str, stride: int, group_size: int, in_shape: list[int]) -> torch.Tensor:
+    return dy.new_empty(in_shape)
+
+
+class _AllGather(torch.autograd.Function):
+    @staticmethod
+    def forward(t: torch.Tensor, axis: int, mode: str, stride: int, group_size: int,
+                meta_shape: list[int]) -> torch.Tensor:
+        return torch.ops.ipuxl.all_gather(t, axis, mode, stride, group_size, meta_shape)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.args, ctx.in_shape = inputs[1:5], list(inputs[0].shape)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
+        axis, mode, stride, group_size = ctx.args
+        grad = torch.ops.ipuxl.all_gather_grad(dy, axis, mode, stride, group_size, ctx.in_shape)
+        return grad, None, None, None, None, None
+
+
+def differentiable_all_gather(t: torch.Tensor, axis: int, mode: str, stride: int, group_size: int,
+                              meta_shape: tuple[int, ...] = ()) -> torch.Tensor:
+    """``all_gather`` with a gradient (a reduce-scatter), traceable as one node."""
+    if t.requires_grad:
+        return _AllGather.apply(t, axis, mode, stride, group_size, list(meta_shape))
+    return torch.ops.ipuxl.all_gather(t, axis, mode, stride, group_size, list(meta_shape))

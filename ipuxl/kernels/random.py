@@ -16,7 +16,7 @@ import torch
 
 __all__ = [
     "random_uniform_impl", "random_normal_impl", "dropout_mask_impl", "modify_seed_impl", "offset_seed_impl",
-    "dropout", "DIRECT_CALLS",
+    "dropout", "shaped_dropout", "DIRECT_CALLS",
 ]
 
 
@@ -136,6 +136,13 @@ def dropout(x: torch.Tensor, seed: torch.Tensor, p: float) -> torch.Tensor:
     if p == 0.0:
         return x.clone()
     return x * torch.ops.ipuxl.dropout_mask(seed, list(x.shape), p, x.dtype)
+
+
+def shaped_dropout(x: torch.Tensor, seed: torch.Tensor, shape: list[int], p: float) -> torch.Tensor:
+    """``x * mask`` with a ``dropout_mask`` of ``shape`` broadcast over ``x`` (as ``dropout``)."""
+    if p == 0.0:
+        return x.clone()
+    return x * torch.ops.ipuxl.dropout_mask(seed, shape, p, x.dtype)
 
 
 _IMPLS: dict[str, Callable[..., torch.Tensor]] = {

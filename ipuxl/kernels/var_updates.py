@@ -19,7 +19,7 @@ from ipuxl.dtypes import to_numpy_dtype
 
 __all__ = [
     "accumulate_", "accumulate_square_", "running_mean_", "moving_average_", "moving_average_square_", "scale_",
-    "sparse_accumulate_", "adam_updater", "adam_update_", "fused_adam_step_", "adam_var_update_",
+    "sparse_accumulate_", "adam_updater", "adamax_updater", "adam_update_", "fused_adam_step_", "adam_var_update_",
 ]
 
 
@@ -118,6 +118,20 @@ def adam_updater(m: torch.Tensor, v: torch.Tensor, w: Any, step: Any, wd: Any, b
     out = torch.div(m, denom)
     if wd is not None:
         out = out.add_(w * wd)
+    return out.to(out_dtype)
+
+
+def adamax_updater(m: torch.Tensor, u: torch.Tensor, w: Any, step: torch.Tensor, wd: Any, beta1: Any,
+                   eps: Any) -> torch.Tensor:
+    """AdaMax's update term ``m / (1 - beta1**t) / (u + eps) (+ wd * w)`` after ``step += 1``,
+    computed in float32 (float64 stays float64), returned in ``w``'s dtype (``m``'s without ``w``)."""
+    out_dtype = w.dtype if w is not None else m.dtype
+    compute = torch.promote_types(m.dtype, torch.float32)
+    step.add_(1)
+    correction = 1 - torch.pow(torch.as_tensor(beta1, dtype=compute, device=m.device), step.to(compute))
+    out = m.to(compute) / correction / (u.to(compute) + eps)
+    if wd is not None:
+        out = out + w.to(compute) * wd
     return out.to(out_dtype)
 
 

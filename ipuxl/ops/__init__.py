@@ -19,6 +19,21 @@ from ipuxl.ops.shape import (
     cast, concat, detach, flatten, gather, getitem, identity, onehot, reshape, slice, split, squeeze, transpose,
     unsqueeze,
 )
+# PopXL ops added in #14 (in-place variants, indexing, vision, conditional...)
+from ipuxl.ops.elementwise import (
+    clamp, exp_, gelu_, geluerf, geluerf_, increment_mod, increment_mod_, isfinite, log2, relu_, swish_,
+)
+from ipuxl.ops.reduce import cumsum, logsum, median
+from ipuxl.ops.conv import PadType, conv_transpose
+from ipuxl.ops.nn import batch_norm_inference, group_norm
+from ipuxl.ops.random import shaped_dropout
+from ipuxl.ops.debug import init, print_tensor
+from ipuxl.ops.conditional import ConditionalSiteInfo, conditional, conditional_with_info
+from ipuxl.ops.vision import interpolate, roi_align
+from ipuxl.ops.indexing import (
+    dynamic_slice, dynamic_update, dynamic_update_, histogram, scatter, scatter_reduce, tied_gather, topk,
+)
+from ipuxl.ops.shape import concat_, detach_, flatten_, reshape_, slice_, subsample, transpose_
 
 __all__ = [
     "collectives", "var_updates", "CallSiteInfo", "call", "call_with_info", "repeat", "repeat_with_info",
@@ -31,4 +46,11 @@ __all__ = [
     "mean", "min", "prod", "reduce_max", "reduce_mean", "reduce_min", "reduce_sum", "sum", "sumsquare", "cast",
     "concat", "detach", "flatten", "gather", "getitem", "identity", "onehot", "reshape", "slice", "split",
     "squeeze", "transpose", "unsqueeze",
+    # H3 (#14): ops added for PopXL parity
+    "clamp", "isfinite", "exp_", "relu_", "gelu_", "swish_", "geluerf", "geluerf_", "log2", "increment_mod",
+    "increment_mod_", "logsum", "median", "cumsum", "reshape_", "flatten_", "transpose_", "concat_", "slice_",
+    "subsample", "detach_", "conv_transpose", "PadType", "dynamic_slice", "dynamic_update", "dynamic_update_",
+    "histogram", "scatter", "scatter_reduce", "tied_gather", "topk", "batch_norm_inference", "group_norm",
+    "interpolate", "roi_align", "shaped_dropout", "init", "print_tensor", "ConditionalSiteInfo", "conditional",
+    "conditional_with_info",
 ]

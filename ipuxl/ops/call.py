@@ -18,7 +18,9 @@ from ipuxl.ir.aliases import storage_owner, written_nodes
 from ipuxl.ir.build import check_writable, emit
 from ipuxl.ir.graph_builder import constant
 from ipuxl.dtypes import dtype_name
-from ipuxl.errors import GraphContextError, InvalidArgumentError, ShapeMismatchError
+from ipuxl.errors import (
+    CallIndexError, CallInputError, GraphContextError, InvalidArgumentError, InvalidValueError, ShapeMismatchError,
+)
 from ipuxl.ir import context
 from ipuxl.ir.graph import Graph, describe
 from ipuxl.ir.calls import CallTarget, RepeatTarget
@@ -72,6 +74,33 @@ class CallSiteInfo:
     def parent_output(self, idx: int) -> Tensor:
         return self.outputs[idx]
 
+    # Inputs and outputs of a call are in the called graph's order, so each index maps to itself.
+    def graph_to_parent_input_index(self, idx: int) -> int:
+        """The call-site input index of the called graph's input ``idx``."""
+        return self._checked_index(idx, len(self._graph.inputs), "graph input")
+
+    def parent_to_graph_input_index(self, idx: int) -> int:
+        """The called graph's input index of call-site input ``idx``."""
+        return self._checked_index(idx, len(self._inputs), "parent input")
+
+    def graph_to_parent_output_index(self, idx: int) -> int:
+        """The call-site output index of the called graph's output ``idx``."""
+        return self._checked_index(idx, self._num_outputs(), "graph output")
+
+    def parent_to_graph_output_index(self, idx: int) -> int:
+        """The called graph's output index of call-site output ``idx``."""
+        return self._checked_index(idx, self._num_outputs(), "parent output")
+
+    def _checked_index(self, idx: int, count: int, kind: str) -> int:
+        if isinstance(idx, bool) or not isinstance(idx, int):
+            raise InvalidArgumentError(f"{kind} index must be an int, got {type(idx).__name__}",
+                                       where=context.user_source_line())
+        if not 0 <= idx < count:
+            raise CallIndexError(f"{kind} index {idx} is out of range: this call of '{self._graph.name}' has "
+                                 f"{count} {kind}s", where=context.user_source_line(),
+                                 fix=f"use an index in [0, {count})")
+        return idx
+
     def graph_to_parent(self, graph_tensor: Tensor) -> Tensor:
         """The parent tensor connected to callee input or output ``graph_tensor``."""
         for i, t in enumerate(self._graph.inputs):
@@ -80,9 +109,9 @@ class CallSiteInfo:
         for i, t in enumerate(self._graph.outputs):
             if t is graph_tensor:
                 return self.outputs[i]
-        raise InvalidArgumentError(
+        raise CallInputError(
             f"tensor '{graph_tensor.name}' is not an input or output of the called graph '{self._graph.name}'",
-            fix="pass a tensor from called_graph.inputs or called_graph.outputs")
+            where=context.user_source_line(), fix="pass a tensor from called_graph.inputs or called_graph.outputs")
 
     def parent_to_graph(self, parent_tensor: Tensor) -> Tensor:
         """The callee input that ``parent_tensor`` is connected to (first if several)."""
@@ -98,9 +127,9 @@ class CallSiteInfo:
         """The position of ``parent_tensor`` among the call's inputs (the first if several)."""
         index = next((i for i, t in enumerate(self._inputs) if t is parent_tensor), None)
         if index is None:
-            raise InvalidArgumentError(
+            raise CallInputError(
                 f"tensor '{parent_tensor.name}' is not a parent input of this call of '{self._graph.name}'",
-                fix="pass one of call_info.inputs")
+                where=context.user_source_line(), fix="pass one of call_info.inputs")
         return index
 
 
@@ -141,12 +170,15 @@ def repeat_with_info(graph: Graph, repeat_count: int, *inputs: Any,
     after the last iteration (the initial values when ``repeat_count`` is 0).
     """
     parent = context.gcg()
-    if not isinstance(repeat_count, int) or repeat_count < 0:
-        raise InvalidArgumentError(f"repeat count must be an int >= 0, got {repeat_count!r} for graph '{graph.name}'",
+    if isinstance(repeat_count, bool) or not isinstance(repeat_count, int):
+        raise InvalidArgumentError(f"repeat count must be an int, got {repeat_count!r} for graph '{graph.name}'",
                                    where=context.user_source_line())
+    if repeat_count < 0:
+        raise InvalidValueError(f"repeat count must be >= 0, got {repeat_count} for graph '{graph.name}'",
+                                where=context.user_source_line(), fix="use 0 to run it no times")
     n_out = len(graph.outputs)
     if len(graph.inputs) < n_out:
-        raise InvalidArgumentError(
+        raise CallInputError(
             f"to repeat graph '{graph.name}' it needs at least as many inputs as outputs "
             f"({len(graph.inputs)} < {n_out})", where=context.user_source_line(),
             fix="the first N inputs are loop-carried from the N outputs; add matching inputs")
@@ -198,24 +230,24 @@ def _connect_inputs(parent: Graph, graph: Graph, inputs: Iterable[Any],
         flat.extend(value if isinstance(value, (list, tuple)) else [value])
     slots: list[Any] = [None] * len(graph.inputs)
     if len(flat) > len(slots):
-        raise InvalidArgumentError(
+        raise CallInputError(
             f"{len(flat)} positional inputs given to graph '{graph.name}', which has {len(slots)} inputs",
             where=context.user_source_line(), fix=f"its inputs are: {_names(graph.inputs)}")
     slots[:len(flat)] = flat
     for key, value in (inputs_dict or {}).items():
         index = next((i for i, t in enumerate(graph.inputs) if t is key), None)
         if index is None:
-            raise InvalidArgumentError(
+            raise CallInputError(
                 f"inputs_dict key {key!r} is not an input of the called graph '{graph.name}'",
                 where=context.user_source_line(), fix=f"its inputs are: {_names(graph.inputs)}")
         if slots[index] is not None:
-            raise InvalidArgumentError(f"input '{key.name}' of graph '{graph.name}' is given twice",
+            raise CallInputError(f"input '{key.name}' of graph '{graph.name}' is given twice",
                                        where=context.user_source_line(),
                                        fix="give it either positionally or in inputs_dict")
         slots[index] = value
     missing = [t.name for t, v in zip(graph.inputs, slots) if v is None]
     if missing:
-        raise InvalidArgumentError(
+        raise CallInputError(
             f"call of graph '{graph.name}' is missing inputs {missing}", where=context.user_source_line(),
             fix="pass them positionally or with inputs_dict={graph_input: parent_tensor}")
     return [_connect_one(graph, t, v) for t, v in zip(graph.inputs, slots)]

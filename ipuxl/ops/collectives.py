@@ -90,6 +90,9 @@ def replicated_all_gather(t: Tensor, axis: int = 0, group: ReplicaGrouping | Non
     ``output_shape``: ``new_axis`` gives ``(group_size, *t.shape)``; ``concat``
     concatenates along ``axis``; ``meta_shape`` restores the shape recorded by a
     sharding reduce-scatter; ``auto`` is ``meta_shape`` when ``t`` has one, else ``concat``.
+
+    Differentiable, as in PopXL: ``transforms.autodiff`` turns it into a reduce-scatter
+    (sum) of the output gradient, each replica getting its own input's share.
     """
     g = _check("replicated_all_gather", t, None, group)
     meta_shape = tuple(t.node.meta.get(META_SHAPE, ()))
@@ -117,5 +120,6 @@ def replicated_all_gather(t: Tensor, axis: int = 0, group: ReplicaGrouping | Non
             return torch.empty((g.group_size,), dtype=x.dtype, device="meta")
         return torch.cat([x] * g.group_size, dim=axis)
 
-    return emit("replicated_all_gather", kernels.all_gather, (t, axis, mode, g.stride, g.group_size, meta_shape),
+    return emit("replicated_all_gather", kernels.differentiable_all_gather,
+                (t, axis, mode, g.stride, g.group_size, meta_shape),
                 meta_fn=meta, name=f"{t.name}_all_gathered")

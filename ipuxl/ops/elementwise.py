@@ -6,14 +6,18 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ipuxl.errors import InvalidValueError
 from ipuxl.ir.build import check_same_shape, emit
+from ipuxl.ir.context import user_source_line
 from ipuxl.ir.tensor import Tensor
+from ipuxl.kernels import unsigned
 
 __all__ = [
     "add", "sub", "mul", "div", "negate", "pow", "abs", "exp", "log", "sqrt", "tanh",
     "sigmoid", "relu", "gelu", "swish", "sin", "cos", "ceil", "floor", "sign", "fmod",
     "equal", "greater", "less", "logical_and", "logical_or", "logical_not", "where",
-    "maximum", "minimum", "clip", "isnan", "isinf", "scaled_add", "scaled_add_", "add_",
+    "maximum", "minimum", "clip", "clamp", "isnan", "isinf", "isfinite", "scaled_add", "scaled_add_", "add_",
+    "exp_", "relu_", "gelu_", "swish_", "geluerf", "geluerf_", "log2", "increment_mod", "increment_mod_",
 ]
 
 
@@ -21,19 +25,25 @@ def _binary(op_name: str, fn: Any, lhs: Any, rhs: Any) -> Tensor:
     return emit(op_name, fn, (lhs, rhs))
 
 
+def _unsigned(*values: Any) -> bool:
+    """True when a tensor operand is uint16/uint32 (torch's CPU kernels lack their arithmetic)."""
+    return any(isinstance(v, Tensor) and unsigned.is_widened(v.spec.dtype) for v in values)
+
+
 def add(lhs: Any, rhs: Any) -> Tensor:
-    """``lhs + rhs`` with broadcasting."""
-    return _binary("add", torch.add, lhs, rhs)
+    """``lhs + rhs`` with broadcasting (unsigned integers wrap around)."""
+    return _binary("add", unsigned.add if _unsigned(lhs, rhs) else torch.add, lhs, rhs)
 
 
 def add_(lhs: Tensor, rhs: Any) -> Tensor:
     """In-place ``lhs += rhs``; returns ``lhs`` modified."""
-    return emit("add_", torch.Tensor.add_, (lhs, rhs), modifies=lhs)
+    kernel = unsigned.add_ if _unsigned(lhs, rhs) else torch.Tensor.add_
+    return emit("add_", kernel, (lhs, rhs), modifies=lhs)
 
 
 def sub(lhs: Any, rhs: Any) -> Tensor:
-    """``lhs - rhs`` with broadcasting."""
-    return _binary("sub", torch.sub, lhs, rhs)
+    """``lhs - rhs`` with broadcasting (unsigned integers wrap around)."""
+    return _binary("sub", unsigned.sub if _unsigned(lhs, rhs) else torch.sub, lhs, rhs)
 
 
 def mul(lhs: Any, rhs: Any) -> Tensor:
@@ -60,7 +70,7 @@ def div(lhs: Any, rhs: Any) -> Tensor:
 
 def fmod(lhs: Any, rhs: Any) -> Tensor:
     """Remainder with the sign of ``lhs``."""
-    return _binary("fmod", torch.fmod, lhs, rhs)
+    return _binary("fmod", unsigned.fmod if _unsigned(lhs, rhs) else torch.fmod, lhs, rhs)
 
 
 def pow(t: Any, e: Any) -> Tensor:  # noqa: A001 - PopXL's public name
@@ -109,7 +119,69 @@ floor = _unary("floor", torch.floor)
 sign = _unary("sign", torch.sign)
 isnan = _unary("isnan", torch.isnan)
 isinf = _unary("isinf", torch.isinf)
+isfinite = _unary("isfinite", torch.isfinite)
 logical_not = _unary("logical_not", torch.logical_not)
+log2 = _unary("log2", torch.log2)
+geluerf = _unary("geluerf", F.gelu)
+geluerf.__doc__ = "Exact GELU, ``x * Phi(x)`` with the error function (PopXL's ``geluerf``)."
+
+
+def _unary_(op_name: str, kernel: Any):
+    def op(t: Tensor) -> Tensor:
+        return emit(op_name, kernel, (t,), modifies=t)
+
+    op.__name__ = op.__qualname__ = op_name
+    op.__doc__ = f"In-place ``{op_name[:-1]}``: writes the result into ``t`` and returns it."
+    return op
+
+
+# The activation reads a copy of ``t``: autograd saves its input, which copy_ then overwrites.
+def _gelu_kernel_(t: torch.Tensor) -> torch.Tensor:
+    return t.copy_(F.gelu(t.clone(), approximate="tanh"))
+
+
+def _geluerf_kernel_(t: torch.Tensor) -> torch.Tensor:
+    return t.copy_(F.gelu(t.clone()))
+
+
+def _swish_kernel_(t: torch.Tensor) -> torch.Tensor:
+    return t.copy_(F.silu(t.clone()))
+
+
+exp_ = _unary_("exp_", torch.Tensor.exp_)
+relu_ = _unary_("relu_", torch.Tensor.relu_)
+gelu_ = _unary_("gelu_", _gelu_kernel_)
+geluerf_ = _unary_("geluerf_", _geluerf_kernel_)
+swish_ = _unary_("swish_", _swish_kernel_)
+
+
+def _increment_mod(t: torch.Tensor, increment: float, modulus: float) -> torch.Tensor:
+    if unsigned.is_widened(t.dtype):
+        return unsigned.fmod(unsigned.add(t, increment), modulus)
+    return torch.fmod(t + increment, modulus).to(t.dtype)
+
+
+def _increment_mod_kernel_(t: torch.Tensor, increment: float, modulus: float) -> torch.Tensor:
+    return t.copy_(_increment_mod(t, increment, modulus))
+
+
+def _check_modulus(op_name: str, modulus: float) -> None:
+    if modulus == 0:
+        raise InvalidValueError(f"op '{op_name}': the modulus must not be 0", where=user_source_line(),
+                                   fix="pass a non-zero modulus")
+
+
+def increment_mod(t: Tensor, increment: float, modulus: float) -> Tensor:
+    """``(t + increment) % modulus`` (C ``fmod``: the result has the sign of ``t + increment``),
+    in ``t``'s dtype. A wrap-around counter: ``increment_mod(step, 1, n)``."""
+    _check_modulus("increment_mod", modulus)
+    return emit("increment_mod", _increment_mod, (t, increment, modulus))
+
+
+def increment_mod_(t: Tensor, increment: float, modulus: float) -> Tensor:
+    """In-place ``increment_mod``: writes into ``t`` and returns it."""
+    _check_modulus("increment_mod_", modulus)
+    return emit("increment_mod_", _increment_mod_kernel_, (t, increment, modulus), modifies=t)
 
 
 def gelu(t: Tensor) -> Tensor:
@@ -147,11 +219,16 @@ def where(condition: Tensor, lhs: Any, rhs: Any) -> Tensor:
     return emit("where", torch.where, (condition, lhs, rhs))
 
 
-def clip(t: Tensor, min: float | None = None, max: float | None = None) -> Tensor:  # noqa: A002
-    """Clamp ``t`` to ``[min, max]``; a bound that is None is -inf / +inf (no bound)."""
-    if min is None and max is None:
+def clip(t: Tensor, min: float | None = float("-inf"), max: float | None = float("inf")) -> Tensor:  # noqa: A002
+    """Clamp ``t`` to ``[min, max]`` (NaN propagates); None or an infinite bound is no bound."""
+    low = None if min is None or min == float("-inf") else min
+    high = None if max is None or max == float("inf") else max
+    if low is None and high is None:
         return emit("clip", torch.clone, (t,))
-    return emit("clip", torch.clamp, (t, min, max))
+    return emit("clip", torch.clamp, (t, low, high))
+
+
+clamp = clip
 
 
 def _scaled_add(x: torch.Tensor, y: torch.Tensor, a: Any, b: Any) -> torch.Tensor:

@@ -6,15 +6,17 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from ipuxl.dtypes import from_any
 from ipuxl.ir.build import emit
-from ipuxl.errors import InvalidArgumentError
+from ipuxl.errors import InvalidArgumentError, ShapeMismatchError
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.tensor import Tensor
+from ipuxl.ops.conv import average_pool, conv, max_pool
 from ipuxl.ops.shape import cast
 
 __all__ = [
     "matmul", "softmax", "log_softmax", "nll_loss", "nll_loss_with_softmax_grad",
-    "layer_norm", "conv", "max_pool", "average_pool",
+    "layer_norm", "group_norm", "batch_norm_inference", "conv", "max_pool", "average_pool",
 ]
 
 Reduction = Literal["mean", "sum", "none"]
@@ -24,7 +26,7 @@ def matmul(lhs: Tensor, rhs: Tensor, available_memory_proportion: float | None =
            output_type: torch.dtype | None = None, partials_type: torch.dtype | None = None) -> Tensor:
     """``numpy.matmul`` semantics. The IPU-specific tuning arguments are accepted and ignored."""
     out = emit("matmul", torch.matmul, (lhs, rhs))
-    if output_type is not None and output_type != out.dtype:
+    if output_type is not None and from_any(output_type) != out.spec.dtype:
         out = cast(out, output_type)
     return out
 
@@ -112,21 +114,30 @@ def layer_norm(t: Tensor, weight: Tensor, bias: Tensor, epsilon: float = 1e-5) -
     return emit("layer_norm", F.layer_norm, (t, (t.shape[-1],), weight, bias, epsilon))
 
 
-def conv(t: Tensor, weight: Tensor, stride: tuple[int, ...] = (1, 1), padding: tuple[int, ...] = (0, 0, 0, 0),
-         dilation: tuple[int, ...] = (1, 1), groups: int = 1) -> Tensor:
-    """2-D convolution, NCHW. ``padding`` is PopXL's (begin..., end...) and must be symmetric."""
-    half = len(padding) // 2
-    if tuple(padding[:half]) != tuple(padding[half:]):
-        raise InvalidArgumentError(f"asymmetric padding {padding} is not supported", where=user_source_line(),
-                                   fix="pad the input with ops.pad or use symmetric padding")
-    return emit("conv", F.conv2d, (t, weight, None, tuple(stride), tuple(padding[:half]), tuple(dilation), groups))
+def group_norm(t: Tensor, weight: Tensor, bias: Tensor, num_groups: int, eps: float = 1e-5) -> Tensor:
+    """Group normalisation of ``t`` (N, C, ...): channels in ``num_groups`` groups, each
+    normalised over its channels and the spatial axes, then scaled by ``weight`` (C,) and
+    shifted by ``bias`` (C,)."""
+    if t.rank < 2 or t.shape[1] % num_groups:
+        raise ShapeMismatchError(f"op 'group_norm': {num_groups} groups do not divide the channels (axis 1) of "
+                                 f"'{t.name}' {t.shape}", where=user_source_line(),
+                                 fix="pick num_groups dividing the channel count")
+    return emit("group_norm", F.group_norm, (t, int(num_groups), weight, bias, float(eps)))
 
 
-def max_pool(t: Tensor, kernel_size: tuple[int, int], stride: tuple[int, int] | None = None) -> Tensor:
-    """2-D max pooling, NCHW."""
-    return emit("max_pool", F.max_pool2d, (t, tuple(kernel_size), tuple(stride or kernel_size)))
+def batch_norm_inference(t: Tensor, scale: Tensor, bias: Tensor, mean: Tensor, var: Tensor,
+                         epsilon: float = 1e-5, momentum: float = 0.9) -> Tensor:
+    """Batch normalisation of ``t`` (N, C, ...) with the running statistics ``mean`` and ``var``
+    (C,): ``scale * (t - mean) / sqrt(var + epsilon) + bias``. ``momentum`` is unused (inference)."""
+    return emit("batch_norm_inference", _batch_norm_inference, (t, scale, bias, mean, var, float(epsilon)))
 
 
-def average_pool(t: Tensor, kernel_size: tuple[int, int], stride: tuple[int, int] | None = None) -> Tensor:
-    """2-D average pooling, NCHW."""
-    return emit("average_pool", F.avg_pool2d, (t, tuple(kernel_size), tuple(stride or kernel_size)))
+def _batch_norm_inference(t: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor,
+                          var: torch.Tensor, eps: float) -> torch.Tensor:
+    shape = [-1 if d == 1 else 1 for d in range(t.dim())]  # per channel (axis 1)
+
+    def channel(v: torch.Tensor) -> torch.Tensor:
+        return v.reshape(shape)
+
+    # written out, not F.batch_norm: that has no gradient for the statistics
+    return (t - channel(mean)) * torch.rsqrt(channel(var) + eps) * channel(scale) + channel(bias)

@@ -9,17 +9,20 @@ arithmetic, re-exported for tests and tools that replay the device's seeds.
 """
 from __future__ import annotations
 
+from typing import Iterable
+
 import numpy as np
 import torch
 
+from ipuxl.dtypes import dtype_name, from_any
 from ipuxl.ir.build import emit
-from ipuxl.errors import InvalidArgumentError
+from ipuxl.errors import InvalidArgumentError, ShapeMismatchError
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.tensor import Tensor
 from ipuxl.kernels import random as kernels
 from ipuxl.kernels.random import modify_seed_impl, offset_seed_impl
 
-__all__ = ["dropout", "random_uniform", "random_normal", "split_random_seed", "create_seeds", "modify_seed_impl",
+__all__ = ["dropout", "shaped_dropout", "random_uniform", "random_normal", "split_random_seed", "create_seeds", "modify_seed_impl",
            "offset_seed_impl"]
 
 
@@ -27,7 +30,7 @@ def _check_seed(seed: Tensor) -> None:
     if seed.shape != (2,) or seed.dtype.is_floating_point:
         raise InvalidArgumentError(
             f"seed tensor '{seed.name}' must have shape (2,) and an integer dtype, got "
-            f"{seed.shape} {seed.dtype}", where=user_source_line(),
+            f"{seed.shape} {dtype_name(seed.dtype)}", where=user_source_line(),
             fix="load a seed from ipuxl.create_seeds(...) through a uint32 h2d_stream of shape (2,)")
 
 
@@ -37,12 +40,29 @@ def dropout(t: Tensor, seed_tensor: Tensor, p: float) -> Tensor:
     return emit("dropout", kernels.dropout, (t, seed_tensor, float(p)))
 
 
+def shaped_dropout(t: Tensor, seed_tensor: Tensor, shape: Iterable[int], ratio: float) -> Tensor:
+    """Dropout with a mask of ``shape`` broadcast over ``t`` (whole rows, channels... kept or
+    dropped together); kept elements are scaled by ``1 / (1 - ratio)``."""
+    _check_seed(seed_tensor)
+    mask_shape = [int(d) for d in shape]
+    try:
+        torch.broadcast_shapes(tuple(mask_shape), t.shape)
+        broadcasts = torch.broadcast_shapes(tuple(mask_shape), t.shape) == t.shape
+    except RuntimeError:
+        broadcasts = False
+    if not broadcasts:
+        raise ShapeMismatchError(f"op 'shaped_dropout': mask shape {tuple(mask_shape)} does not broadcast to "
+                                 f"'{t.name}' {t.shape}", where=user_source_line(),
+                                 fix="use 1 on the axes that share a mask value and t's size on the others")
+    return emit("shaped_dropout", kernels.shaped_dropout, (t, seed_tensor, mask_shape, float(ratio)))
+
+
 def random_uniform(seed_tensor: Tensor, shape: tuple[int, ...], low: float = 0.0, high: float = 1.0,
                    dtype: torch.dtype = torch.float32) -> Tensor:
     """Uniform samples in ``[low, high)``."""
     _check_seed(seed_tensor)
     return emit("random_uniform", torch.ops.ipuxl.random_uniform,
-                (seed_tensor, list(shape), float(low), float(high), dtype))
+                (seed_tensor, list(shape), float(low), float(high), from_any(dtype)))
 
 
 def random_normal(seed_tensor: Tensor, shape: tuple[int, ...], mean: float = 0.0, std: float = 1.0,
@@ -50,7 +70,7 @@ def random_normal(seed_tensor: Tensor, shape: tuple[int, ...], mean: float = 0.0
     """Normal samples with ``mean`` and ``std``."""
     _check_seed(seed_tensor)
     return emit("random_normal", torch.ops.ipuxl.random_normal,
-                (seed_tensor, list(shape), float(mean), float(std), dtype))
+                (seed_tensor, list(shape), float(mean), float(std), from_any(dtype)))
 
 
 def split_random_seed(seed: Tensor, n: int = 2) -> tuple[Tensor, ...]:
@@ -61,8 +81,16 @@ def split_random_seed(seed: Tensor, n: int = 2) -> tuple[Tensor, ...]:
 
 def create_seeds(seed: int, offset: int = 0, batches_per_step: int = 1, gradient_accumulation_factor: int = 1,
                  replicas: int = 1) -> np.ndarray:
-    """Host seeds (uint32 pairs) for a seed stream, shaped like PopXL's (size-1 dims dropped)."""
-    rng = np.random.default_rng(seed + offset)
-    words = rng.integers(0, 2**32, size=(batches_per_step, gradient_accumulation_factor, replicas, 2),
-                         dtype=np.uint64).astype(np.uint32)
-    return np.squeeze(words, axis=tuple(i for i, d in enumerate(words.shape[:-1]) if d == 1))
+    """Host seeds for a seed stream: PopXL's values and shape.
+
+    One uint64 per (batch, accumulation step, replica), drawn by
+    ``numpy.random.default_rng(seed + offset)`` over the whole uint64 range and split
+    into (high, low) uint32 words: shape ``(batches_per_step,
+    gradient_accumulation_factor, replicas, 2)`` with size-1 dims dropped. All on the
+    host in numpy (no uint32 tensor arithmetic, which torch's CPU kernels lack).
+    """
+    count = batches_per_step * gradient_accumulation_factor * replicas
+    values = np.random.default_rng(seed + offset).integers(0, 2**64 - 1, endpoint=True, dtype=np.uint64, size=count)
+    words = np.stack([values >> np.uint64(32), values & np.uint64(0xFFFFFFFF)], axis=-1).astype(np.uint32)
+    shaped = words.reshape(batches_per_step, gradient_accumulation_factor, replicas, 2)
+    return np.squeeze(shaped, axis=tuple(i for i, d in enumerate(shaped.shape[:-1]) if d == 1))

@@ -1,6 +1,7 @@
 """Reductions. PopXL names (``sum``, ``mean``, ``max``...) and ``reduce_*`` aliases."""
 from __future__ import annotations
 
+import builtins
 from typing import Iterable
 
 import torch
@@ -11,6 +12,7 @@ from ipuxl.ir.tensor import Tensor
 __all__ = [
     "sum", "mean", "max", "min", "prod", "sumsquare", "logsumexp", "l1", "l2",
     "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "argmax", "argmin", "lamb_square",
+    "logsum", "median", "cumsum",
 ]
 
 Axis = int | Iterable[int] | None
@@ -103,6 +105,41 @@ def lamb_square(t: Tensor) -> Tensor:
 def _lamb_square(t: torch.Tensor) -> torch.Tensor:
     t32 = t.float()
     return torch.sum(t32 * t32)
+
+
+def logsum(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """``log(sum(t))`` over ``axis`` (all axes when None; ONNX ReduceLogSum)."""
+    return emit("logsum", _logsum, (t, _dims(t, axis), keepdims))
+
+
+def _logsum(t: torch.Tensor, dims: list[int], keepdim: bool) -> torch.Tensor:
+    return torch.log(torch.sum(t, dims, keepdim))
+
+
+def median(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Median over ``axis`` (all axes when None): an element of ``t``, the lower of the two
+    middle values for an even count (as PopART and ``torch.median``, unlike ``numpy.median``).
+    The gradient goes to the element chosen."""
+    dims = sorted(d % builtins.max(t.rank, 1) for d in _dims(t, axis))
+    return emit("median", _median, (t, dims, keepdims))
+
+
+def _median(t: torch.Tensor, dims: list[int], keepdim: bool) -> torch.Tensor:
+    kept = [d for d in range(t.dim()) if d not in dims]
+    moved = t.permute(*kept, *dims).reshape(*(t.shape[d] for d in kept), -1)
+    out = torch.median(moved, dim=-1).values
+    if keepdim:
+        out = out.reshape([1 if d in dims else t.shape[d] for d in range(t.dim())])
+    return out
+
+
+def cumsum(t: Tensor, dim: int = 0) -> Tensor:
+    """Cumulative sum of ``t`` along ``dim``, in ``t``'s dtype (``torch.cumsum`` would widen integers)."""
+    return emit("cumsum", _cumsum, (t, dim))
+
+
+def _cumsum(t: torch.Tensor, dim: int) -> torch.Tensor:
+    return torch.cumsum(t, dim, dtype=t.dtype)
 
 
 reduce_sum = sum

@@ -2,32 +2,80 @@
 from __future__ import annotations
 
 import builtins
+import math
 import operator
 from typing import Any, Iterable, Sequence
 
 import torch
 
+from ipuxl.ir.aliases import storage_owner
 from ipuxl.ir.build import emit
 from ipuxl.dtypes import from_any
-from ipuxl.errors import InvalidArgumentError, ShapeMismatchError
-from ipuxl.ir.context import user_source_line
+from ipuxl.errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError
+from ipuxl.ir.context import gcg, user_source_line
+from ipuxl.ir.meta import MODIFIES, VIEW_OF
 from ipuxl.ir.tensor import Tensor
 from ipuxl.ops.elementwise import where
 
 __all__ = [
-    "reshape", "flatten", "transpose", "concat", "split", "slice", "squeeze", "unsqueeze",
-    "gather", "getitem", "cast", "detach", "onehot", "identity",
+    "reshape", "reshape_", "flatten", "flatten_", "transpose", "transpose_", "concat", "concat_", "split",
+    "slice", "slice_", "squeeze", "unsqueeze", "subsample", "gather", "getitem", "cast", "detach", "detach_",
+    "onehot", "identity",
 ]
 
 
-def reshape(t: Tensor, shape: Sequence[int]) -> Tensor:
-    """Reshape ``t``; at most one dimension may be ``-1``."""
+def _alias(op_name: str, target: Any, args: tuple[Any, ...], t: Tensor, *, name: str | None = None,
+           check_view: bool = True) -> Tensor:
+    """Emit a PopXL in-place view op: its result *is* ``t``'s storage (PopXL's ``reshape_``,
+    ``transpose_``...), so in-place writes through either are seen in the other.
+
+    The result is recorded as an in-place result of ``t`` (``MODIFIES``) that writes
+    nothing, so lowering never copies it (it copies plain views that are written).
+    """
+    if check_view:
+        probe = torch.empty_like(t.node.meta["val"], device="meta")
+        out = target(probe, *args[1:])
+        if out._base is not probe:
+            raise ShapeMismatchError(
+                f"op '{op_name}' of {t.name!r} {t.shape}: the result cannot share the input's storage "
+                "(its memory layout is not contiguous, e.g. after transpose_)",
+                where=user_source_line(),
+                fix=f"use the out-of-place op ops.{op_name.rstrip('_')} (it returns a new tensor)")
+    out_t = emit(op_name, target, args, name=name, aliases=t)
+    out_t.node.meta.pop(VIEW_OF, None)
+    out_t.node.meta[MODIFIES] = storage_owner(t.node, views=False)
+    return out_t
+
+
+def _check_shape(op_name: str, t: Tensor, shape: Sequence[int]) -> tuple[int, ...]:
     shape = tuple(int(d) for d in shape)
-    if builtins.sum(d == -1 for d in shape) > 1 or any(d < -1 or d == 0 for d in shape):
+    if any(d < -1 or d == 0 for d in shape) or shape.count(-1) > 1:
         raise ShapeMismatchError(
-            f"op 'reshape' of '{t.name}' {t.shape}: invalid target shape {shape}",
-            where=user_source_line(), fix="use positive sizes and at most one -1")
+            f"op '{op_name}' of '{t.name}' {t.shape}: invalid target shape {shape} (each size must be > 0 "
+            "or -1, with at most one -1)", where=user_source_line(), fix="use positive sizes and at most one -1")
+    known = math.prod(d for d in shape if d != -1)
+    if (-1 in shape and t.nelms % known) or (-1 not in shape and known != t.nelms):
+        raise ShapeMismatchError(
+            f"op '{op_name}' of '{t.name}' {t.shape} ({t.nelms} elements): cannot reshape to {shape}",
+            where=user_source_line(), fix=f"give a shape with {t.nelms} elements")
+    return shape
+
+
+def reshape(t: Tensor, shape: Sequence[int]) -> Tensor:
+    """Reshape ``t``; at most one dimension may be ``-1``.
+
+    Raises:
+        ShapeMismatchError (a ValueError, as in PopXL): a size is 0 or below -1, more
+            than one is -1, or the element count differs.
+    """
+    shape = _check_shape("reshape", t, shape)
     return emit("reshape", torch.reshape, (t, shape), name=f"{t.name}_reshaped")
+
+
+def reshape_(t: Tensor, shape: Sequence[int]) -> Tensor:
+    """In-place ``reshape``: the result is an alias of ``t`` (writes to one are seen in the other)."""
+    shape = _check_shape("reshape_", t, shape)
+    return _alias("reshape_", torch.reshape, (t, shape), t, name=f"{t.name}_reshaped")
 
 
 def flatten(t: Tensor) -> Tensor:
@@ -35,15 +83,44 @@ def flatten(t: Tensor) -> Tensor:
     return reshape(t, (-1,))
 
 
+def flatten_(t: Tensor) -> Tensor:
+    """In-place ``flatten``: an alias of ``t`` with one dimension."""
+    return reshape_(t, (-1,))
+
+
+def _permutation(op_name: str, t: Tensor, permutation: Sequence[int] | None) -> tuple[int, ...]:
+    perm = tuple(permutation) if permutation is not None else tuple(reversed(range(t.rank)))
+    if sorted(p % t.rank if -t.rank <= p < t.rank else p for p in perm) != list(range(t.rank)):
+        raise ShapeMismatchError(
+            f"op '{op_name}' of '{t.name}' {t.shape}: {perm} is not a permutation of the axes 0..{t.rank - 1}",
+            where=user_source_line(), fix=f"give each axis in [0, {t.rank}) exactly once")
+    return perm
+
+
 def transpose(t: Tensor, permutation: Sequence[int] | None = None) -> Tensor:
     """Permute the axes of ``t``; by default reverse them."""
-    perm = tuple(permutation) if permutation is not None else tuple(reversed(range(t.rank)))
+    perm = _permutation("transpose", t, permutation)
     return emit("transpose", torch.permute, (t, perm), name=f"{t.name}_T")
+
+
+def transpose_(t: Tensor, permutation: Sequence[int] | None = None) -> Tensor:
+    """In-place ``transpose``: an alias of ``t`` with permuted axes."""
+    perm = _permutation("transpose_", t, permutation)
+    return _alias("transpose_", torch.permute, (t, perm), t, name=f"{t.name}_T")
 
 
 def concat(ts: Iterable[Tensor], axis: int = 0) -> Tensor:
     """Concatenate tensors along ``axis``."""
     return emit("concat", torch.cat, (list(ts), axis))
+
+
+def concat_(ts: Iterable[Tensor], axis: int = 0) -> Tensor:
+    """PopXL's ``concat_``, whose result aliases every input.
+
+    Differs from PopXL: torch storage cannot alias several tensors, so the result is
+    a new tensor (as ``concat``); in-place writes to it do not reach the inputs.
+    """
+    return emit("concat_", torch.cat, (list(ts), axis))
 
 
 def split(t: Tensor, splits: int | list[int], axis: int = 0) -> list[Tensor]:
@@ -60,10 +137,7 @@ def split(t: Tensor, splits: int | list[int], axis: int = 0) -> list[Tensor]:
     return list(emit("split", torch.split, (t, sizes, axis), num_outputs=len(sizes), name=f"{t.name}_split"))
 
 
-def slice(t: Tensor, start: Any = None, stop: Any = None, step: Any = None, axis: Any = None) -> Tensor:  # noqa: A001
-    """PopXL's ``slice``: per-axis ``start:stop:step`` (ONNX Slice semantics)."""
-    if start is None and stop is None and step is None:
-        return t
+def _slice_key(t: Tensor, start: Any, stop: Any, step: Any, axis: Any) -> list[Any]:
     lists = [v if isinstance(v, (list, tuple)) else None if v is None else [v] for v in (start, stop, step, axis)]
     n = builtins.max(len(v) for v in lists if v is not None)
     start_l, stop_l, step_l, axis_l = (v if v is not None else [None] * n for v in lists)
@@ -72,9 +146,32 @@ def slice(t: Tensor, start: Any = None, stop: Any = None, step: Any = None, axis
     key: list[Any] = [builtins.slice(None)] * t.rank
     for a, s0, s1, st in zip(axis_l, start_l, stop_l, step_l):
         key[a] = builtins.slice(s0, s1, st)
+    return key
+
+
+def slice(t: Tensor, start: Any = None, stop: Any = None, step: Any = None, axis: Any = None) -> Tensor:  # noqa: A001
+    """PopXL's ``slice``: per-axis ``start:stop:step`` (ONNX Slice semantics)."""
+    if start is None and stop is None and step is None:
+        return t
+    key = _slice_key(t, start, stop, step, axis)
     if any(k.step is not None and k.step < 0 for k in key):
         return _negative_step_slice(t, key)
     return emit("slice", operator.getitem, (t, tuple(key)))
+
+
+def slice_(t: Tensor, start: Any = None, stop: Any = None, step: Any = None, axis: Any = None) -> Tensor:
+    """In-place ``slice``: an alias of the selected part of ``t``.
+
+    Differs from PopXL: a negative ``step`` is refused (torch views cannot run backwards).
+    """
+    if start is None and stop is None and step is None:
+        return t
+    key = _slice_key(t, start, stop, step, axis)
+    if any(k.step is not None and k.step < 0 for k in key):
+        raise UnsupportedError(
+            f"op 'slice_' of '{t.name}': a negative step cannot give an in-place view",
+            where=user_source_line(), fix="use ops.slice (it returns a new tensor) for backward slices")
+    return _alias("slice_", operator.getitem, (t, tuple(key)), t)
 
 
 def _negative_step_slice(t: Tensor, key: list[Any]) -> Tensor:
@@ -95,14 +192,42 @@ def _select(t: torch.Tensor, axis: int, indices: list[int]) -> torch.Tensor:
 
 
 def squeeze(t: Tensor, axes: list[int] | None = None) -> Tensor:
-    """Remove size-1 dimensions (all, or those in ``axes``)."""
+    """Remove size-1 dimensions (all, or those in ``axes``; negative axes count from the back).
+
+    Raises:
+        ShapeMismatchError (a ValueError, as in PopXL): an axis is out of range,
+            repeated, or not of size 1.
+    """
     if axes is None:
         axes = [i for i, d in enumerate(t.shape) if d == 1]
+    out_of_range = [a for a in axes if not -t.rank <= a < max(t.rank, 1)]
+    if out_of_range:
+        raise ShapeMismatchError(f"op 'squeeze' of '{t.name}' {t.shape}: axes {out_of_range} are out of range",
+                                 where=user_source_line(), fix=f"give axes in [{-t.rank}, {t.rank - 1}]")
+    axes = [a % t.rank for a in axes] if t.rank else []
+    if len(set(axes)) != len(axes):
+        raise ShapeMismatchError(f"op 'squeeze' of '{t.name}': axes {axes} contain duplicates",
+                                 where=user_source_line(), fix="give each axis once")
     bad = [a for a in axes if t.shape[a] != 1]
     if bad:
         raise ShapeMismatchError(f"op 'squeeze' of '{t.name}' {t.shape}: axes {bad} are not of size 1",
                                  where=user_source_line(), fix="squeeze only size-1 axes")
     return emit("squeeze", torch.squeeze, (t, tuple(axes)))
+
+
+def subsample(t: Tensor, strides: int | Sequence[int]) -> Tensor:
+    """Every ``strides[i]``-th element along axis ``i``, starting at 0 (PopXL's ``subsample``)."""
+    strides = [int(strides)] if isinstance(strides, int) else [int(s) for s in strides]
+    if len(strides) != t.rank or any(s < 1 for s in strides):
+        raise ShapeMismatchError(
+            f"op 'subsample' of '{t.name}' {t.shape}: strides {strides} need one positive stride per axis",
+            where=user_source_line(), fix=f"give {t.rank} strides, each >= 1")
+    key = tuple(builtins.slice(None, None, s) for s in strides)
+    return emit("subsample", _copy_getitem, (t, key))
+
+
+def _copy_getitem(t: torch.Tensor, key: Any) -> torch.Tensor:
+    return t[key].clone()
 
 
 def unsqueeze(t: Tensor, axes: int | list[int]) -> Tensor:
@@ -178,15 +303,55 @@ def detach(t: Tensor) -> Tensor:
     return emit("detach", torch.Tensor.detach, (t,), aliases=t)
 
 
-def identity(t: Tensor) -> Tensor:
-    """A copy of ``t``."""
-    return emit("identity", torch.clone, (t,))
+def detach_(t: Tensor) -> Tensor:
+    """In-place ``detach``: an alias of ``t`` through which no gradient flows."""
+    return _alias("detach_", torch.Tensor.detach, (t,), t, check_view=False)
 
 
-def onehot(t: Tensor, num_classes: int) -> Tensor:
-    """One-hot encode integer ``t`` along a new last axis (float32 0/1)."""
-    return emit("onehot", _onehot, (t, num_classes))
+def identity(t: Tensor, output_name: str | None = None) -> Tensor:
+    """A copy of ``t``, named ``output_name`` (default ``identity_<name>``; renames a tensor)."""
+    return emit("identity", torch.clone, (t,), name=output_name or f"identity_{t.name}")
 
 
-def _onehot(t: torch.Tensor, num_classes: int) -> torch.Tensor:
-    return torch.nn.functional.one_hot(t.long(), num_classes).to(torch.float32)
+def onehot(t: Tensor, num_classes: Tensor | int, values: Tensor | None = None, axis: int = -1) -> Tensor:
+    """ONNX OneHot: ``values[1]`` where the class is ``t``'s index, else ``values[0]``.
+
+    Args:
+        t: integer indices (negative ones count from ``num_classes``; others out of
+            range give an all-``values[0]`` row).
+        num_classes: the number of classes: a scalar constant tensor (as in PopXL) or an int.
+        values: ``[off, on]``; its dtype is the result's. Default (ipuxl): float32 ``[0, 1]``.
+        axis: where the new class axis goes in the output (negative counts from the back).
+    """
+    classes = _static_int("onehot", num_classes)
+    rank = t.rank + 1
+    if not -rank <= axis < rank:
+        raise ShapeMismatchError(f"op 'onehot': axis {axis} is out of range for an output of rank {rank}",
+                                 where=user_source_line(), fix=f"give an axis in [{-rank}, {rank - 1}]")
+    if values is None:
+        return emit("onehot", _onehot, (t, classes, axis % rank, None))
+    return emit("onehot", _onehot, (t, classes, axis % rank, values))
+
+
+def _static_int(op_name: str, value: Tensor | int) -> int:
+    """An int given as a Python int or a scalar constant tensor (its value is known now)."""
+    if not isinstance(value, Tensor):
+        return int(value)
+    target = value.node.target
+    constant = gcg().constant_data.get(target) if isinstance(target, str) and value.node.op == "get_attr" else None
+    if constant is None or constant.numel() != 1:
+        raise InvalidArgumentError(
+            f"op '{op_name}': {value.name!r} must be a scalar constant (its value sets the output shape)",
+            where=user_source_line(), fix="pass ipuxl.constant(n) or a Python int")
+    return int(constant.reshape(()).item())
+
+
+def _onehot(t: torch.Tensor, classes: int, axis: int, values: torch.Tensor | None) -> torch.Tensor:
+    index = t.long()
+    index = torch.where(index < 0, index + classes, index)
+    hot = index.unsqueeze(-1) == torch.arange(classes, device=t.device)
+    if values is None:
+        out = hot.to(torch.float32)
+    else:
+        out = torch.where(hot, values[1], values[0])
+    return out.movedim(-1, axis)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ipuxl.ir.build import check_same_shape, emit
-from ipuxl.errors import InvalidArgumentError
+from ipuxl.errors import InvalidArgumentError, InvalidValueError
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.tensor import Tensor
 from ipuxl.kernels import var_updates as kernels
@@ -21,7 +21,7 @@ from ipuxl.ops.reduce import lamb_square
 __all__ = [
     "accumulate_", "accumulate_square_", "accumulate_mean_", "accumulate_moving_average_",
     "accumulate_moving_average_square_", "accumulator_scale_", "accumulator_zero_",
-    "copy_var_update_", "sparse_accumulate_", "adam_updater", "lamb_updater", "adam_var_update",
+    "copy_var_update_", "sparse_accumulate_", "adam_updater", "lamb_updater", "adamax_updater", "adam_var_update",
     "lamb_square",
 ]
 
@@ -83,10 +83,10 @@ def sparse_accumulate_(t: Tensor, X: Tensor, indices: Tensor, axis: int = 0, f: 
 def _check_updater(name: str, weight: Any, time_step: Any, weight_decay: Any, beta1: Any, beta2: Any) -> Any:
     wd_needed = isinstance(weight_decay, Tensor) or (weight_decay is not None and weight_decay != 0.0)
     if wd_needed and weight is None:
-        raise InvalidArgumentError(f"{name}: weight decay requires `weight`", where=user_source_line(),
+        raise InvalidValueError(f"{name}: weight decay requires `weight`", where=user_source_line(),
                                    fix="pass the weight tensor, or weight_decay=None")
     if time_step is not None and (beta1 is None or beta2 is None):
-        raise InvalidArgumentError(f"{name}: bias correction requires both beta1 and beta2",
+        raise InvalidValueError(f"{name}: bias correction requires both beta1 and beta2",
                                    where=user_source_line(),
                                    fix="pass beta1 and beta2, or time_step=None for no bias correction")
     return weight_decay if wd_needed else None
@@ -112,6 +112,27 @@ def adam_updater(acc_first_order: Tensor, acc_second_order: Tensor, weight: Tens
 
 
 lamb_updater = adam_updater
+
+
+def adamax_updater(acc_first_order: Tensor, acc_second_order: Tensor, weight: Tensor | None = None,
+                   time_step: Tensor | None = None, weight_decay: Factor | None = None, beta1: Factor = 0.9,
+                   epsilon: Factor = 1e-07) -> Tensor:
+    """AdaMax's update term ``m / (1 - beta1**t) / (u + eps) (+ wd * w)``, a new tensor.
+
+    ``acc_second_order`` is the infinity-norm accumulator ``u``. ``time_step`` is
+    required and first incremented in place, as in PopXL. Computed in float32 (float64
+    for float64 states) and returned in ``weight``'s dtype (``m``'s without a weight).
+
+    Raises:
+        InvalidValueError (a ValueError, as in PopXL): weight decay without ``weight``, or no ``time_step``.
+    """
+    wd = _check_updater("adamax_updater", weight, None, weight_decay, beta1, None)
+    if time_step is None:
+        raise InvalidValueError("adamax_updater: AdaMax requires time_step", where=user_source_line(),
+                                   fix="pass the step counter tensor (a float32 scalar variable) as time_step=")
+    weight = weight if wd is not None else None
+    args = (acc_first_order, acc_second_order, weight, time_step, wd, beta1, epsilon)
+    return emit("adamax_updater", kernels.adamax_updater, args, name="updater", writes=[time_step])
 
 
 def adam_var_update(t: Tensor, x: Tensor, r1: Tensor, r2: Tensor, learning_rate: Factor | None = None,

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from ipuxl.dtypes import dtype_name, from_any, to_numpy_dtype
+from ipuxl.dtypes import DTypeLike, dtype_name, from_any, to_numpy_dtype
 from ipuxl.errors import InvalidArgumentError
 from ipuxl.ir.aliases import storage_owner, writes
 from ipuxl.ir.context import in_sequence, user_source_line
@@ -372,7 +372,7 @@ def _check_states(rule: str, weight: Tensor, **states: Tensor | None) -> None:
 
 
 def _compute_dtype(weight: Tensor, grad: Tensor) -> torch.dtype:
-    return torch.promote_types(weight.dtype, grad.dtype)
+    return torch.promote_types(weight.spec.dtype, grad.spec.dtype)
 
 
 def _negated(value: Hyper) -> Hyper:
@@ -409,7 +409,7 @@ def _written_after(source: fx.Node, start: fx.Node) -> bool:
     return False
 
 
-def _as(t: Tensor, dtype: torch.dtype) -> Tensor:
+def _as(t: Tensor, dtype: DTypeLike) -> Tensor:
     """``t`` in ``dtype``: no op when it already is (a cast op otherwise)."""
     return t if t.dtype == dtype else cast(t, dtype)
 

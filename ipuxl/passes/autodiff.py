@@ -55,13 +55,13 @@ from ipuxl.errors import AutodiffError
 from ipuxl.ir.aliases import writes, written_nodes
 from ipuxl.ir.build import emit
 from ipuxl.ir.call_op import CallEntry
-from ipuxl.ir.calls import call_nodes, callee, is_repeat, reachable_from
+from ipuxl.ir.calls import call_nodes, callee, does_host_io, is_repeat, reachable_from, transfer_counts
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.fx_import import copy_fx_body
 from ipuxl.ir.grad_info import ExpectedConnectionType, GradGraphInfo
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.lower import compiled_callee, graph_callable, lower_graph
-from ipuxl.ir.meta import BY_REF_ARGS, COLLECTIVE_OPS, MODIFIES, NAME, OP, ROLE, SOURCE, VIEW_OF, Role
+from ipuxl.ir.meta import BY_REF_ARGS, COLLECTIVE_OPS, MODIFIES, NAME, OP, SOURCE, VIEW_OF
 from ipuxl.ir.tensor import Tensor, TensorSpec
 from ipuxl.ops.call import CallSiteInfo, call, call_with_info
 
@@ -111,7 +111,8 @@ def autodiff(graph: Graph, grads_provided: Iterable[Tensor] | None = None,
 
     Raises:
         AutodiffError: a requested gradient has no differentiable path, a tensor is
-            not an input/output of ``graph``, the graph contains a collective, or
+            not an input/output of ``graph``, the graph contains a collective other
+            than ``replicated_all_gather``, or
             there is nothing to differentiate: no floating-point output (of the graph,
             or in ``grads_provided``) or, with the default ``grads_required``, no
             floating-point input. Checked before anything is traced.
@@ -125,11 +126,16 @@ def autodiff(graph: Graph, grads_provided: Iterable[Tensor] | None = None,
     return {graph: info, **_differentiated_callees(graph)}
 
 
+#: Collectives with a gradient rule (``replicated_all_gather``: a reduce-scatter, as in PopXL).
+DIFFERENTIABLE_COLLECTIVES = ("replicated_all_gather",)
+
+
 def _refuse_collectives(graph: Graph) -> None:
-    """Collectives have no gradient rule yet: say so instead of failing inside the trace."""
+    """Collectives other than ``DIFFERENTIABLE_COLLECTIVES`` have no gradient rule yet: say so
+    instead of failing inside the trace."""
     for g in reachable_from([graph]):
         for node in g.fx.nodes:
-            if node.meta.get(OP) in COLLECTIVE_OPS:
+            if node.meta.get(OP) in COLLECTIVE_OPS and node.meta[OP] not in DIFFERENTIABLE_COLLECTIVES:
                 raise AutodiffError(
                     f"autodiff of graph '{g.name}': it contains {node.meta[OP]} ('{node.name}'), "
                     "and differentiating through collectives is not supported",
@@ -192,7 +198,7 @@ class _CalledGraphs:
             return False
         if any(callee.is_input_modified(t) for t in callee.inputs):
             return False
-        if _has_host_transfers(callee):
+        if does_host_io(callee):
             return False
         return (any(t.dtype.is_floating_point for t in callee.inputs)
                 and any(t.dtype.is_floating_point for t in callee.outputs))
@@ -219,7 +225,7 @@ def _backward_rule(callee: Graph, info: GradGraphInfo, grad_entry: CallEntry) ->
             t = c.fwd_tensor
             if c.connection_type is ExpectedConnectionType.FwdGrad:
                 g = grads[outputs[id(t)]]
-                grad_args.append(torch.zeros(t.shape, dtype=t.dtype, device=args[0].device) if g is None else g)
+                grad_args.append(torch.zeros(t.shape, dtype=t.spec.dtype, device=args[0].device) if g is None else g)
             else:
                 grad_args.append(args[inputs[id(t)]] if id(t) in inputs else outs[outputs[id(t)]])
         result: list[torch.Tensor | None] = [None] * len(args)
@@ -234,10 +240,6 @@ def _loop_bodies(graph: Graph) -> set[Graph]:
     """Graphs run by ``ops.repeat`` anywhere below ``graph`` (their outputs feed their inputs)."""
     return {body for g in reachable_from([graph]) for n in call_nodes(g)
             if is_repeat(n) and (body := callee(n)) is not None}
-
-
-def _has_host_transfers(graph: Graph) -> bool:
-    return any(n.meta.get(ROLE) in Role.STREAMS for n in graph.fx.nodes)
 
 
 def _eager(graph: Graph) -> Callable[..., Any]:
@@ -264,8 +266,11 @@ def _select(graph: Graph, provided: Sequence[Tensor] | None,
         raise AutodiffError("autodiff of the main graph is not supported",
                             where=user_source_line(),
                             fix="build the forward pass as a subgraph with ir.create_graph and call it")
-    if _has_host_transfers(graph):
-        raise AutodiffError(f"graph '{graph.name}' contains host transfers and cannot be differentiated")
+    if does_host_io(graph):
+        streams = ", ".join(f"'{s.name}'" for s in transfer_counts(graph))
+        raise AutodiffError(f"graph '{graph.name}' does host transfers of stream {streams} (itself or in a graph "
+                            "it calls) and cannot be differentiated", where=user_source_line(),
+                            fix="load the data in the caller and pass it to the graph as an input")
     outs = list(graph.outputs) if provided is None else list(provided)
     ins = [t for t in graph.inputs if t.dtype.is_floating_point] if required is None else list(required)
     for t in outs:
@@ -273,7 +278,7 @@ def _select(graph: Graph, provided: Sequence[Tensor] | None,
     for t in ins:
         _require_member(t, graph.inputs, graph, "grads_required", "an input")
         if not t.dtype.is_floating_point:
-            raise AutodiffError(f"autodiff of graph '{graph.name}': input '{t.name}' has dtype {t.dtype}, "
+            raise AutodiffError(f"autodiff of graph '{graph.name}': input '{t.name}' has dtype {dtype_name(t.dtype)}, "
                                 "which has no gradient", where=user_source_line(),
                                 fix="list only floating-point inputs in grads_required")
     float_outs = [t for t in outs if t.dtype.is_floating_point]
@@ -502,7 +507,7 @@ def _copy_segment(graph: Graph, sub: Graph, nodes: list[fx.Node], ins: list[fx.N
                 target = cast(str, a.target)
                 env[a] = sub.fx.get_attr(target)
                 env[a].meta.update(a.meta)
-                sub.constants[target] = graph.constants[target]
+                sub.constant_data[target] = graph.constant_data[target]
         copied = sub.fx.node_copy(node, lambda n: env[n])
         view_of = node.meta.get(VIEW_OF)
         if view_of is not None:
@@ -588,7 +593,7 @@ def _required_grad(graph: Graph, sums: _GradSums, t: Tensor, explicit: bool) -> 
 
 
 def _zeros(like: Tensor) -> Tensor:
-    shape, dtype = list(like.shape), like.dtype
+    shape, dtype = list(like.shape), like.spec.dtype
     return emit("zeros", torch.ops.aten.zeros.default, (shape,), {"dtype": dtype, "device": torch.device("cpu")},
                 meta_fn=lambda *a, **k: torch.empty(shape, dtype=dtype, device="meta"))
 
@@ -619,9 +624,10 @@ def _trace_joint(graph: Graph, provided: list[Tensor], required: list[Tensor],
         grads = vjp_fn(tuple(tangents)) if req_idx else ()
         return (*all_outs, *grads)
 
-    primals = [torch.zeros(t.shape, dtype=t.dtype) for t in graph.inputs]
-    tangents = [torch.zeros(t.shape, dtype=t.dtype) for t in provided]
-    return make_fx(joint, tracing_mode="fake")(primals, tangents)
+    primals = [torch.zeros(t.shape, dtype=t.spec.dtype) for t in graph.inputs]
+    tangents = [torch.zeros(t.shape, dtype=t.spec.dtype) for t in provided]
+    # constants (and variables read by the graph) are real tensors of the lowered module
+    return make_fx(joint, tracing_mode="fake", _allow_non_fake_inputs=True)(primals, tangents)
 
 
 def _index(tensors: Sequence[Tensor], t: Tensor) -> int:
@@ -699,12 +705,21 @@ def _rewrite_forward(graph: Graph, fw: fx.GraphModule, n_fwd: int) -> list[tuple
         fresh = new.placeholder(handle.node.name)
         fresh.meta.update(handle.node.meta)
         env[node] = node_map[handle.node] = fresh
-    copy_fx_body(fw, new, env, graph.constants, graph.ir, replaces=graph.fx)
+    copy_fx_body(fw, new, env, graph.constant_data, graph.ir, replaces=graph.fx)
+    _tag_all_gathers(new)
     outputs = _output_args(fw.graph)
     for handle, node in zip(graph.outputs, outputs[:n_fwd]):
         node_map.setdefault(handle.node, env[node])  # an input returned as it is is mapped already
     graph.replace_body(new, node_map)
     return [(node.name, _saved_tensor(graph, env[node])) for node in outputs[n_fwd:]]
+
+
+def _tag_all_gathers(fx_graph: fx.Graph) -> None:
+    """Mark traced all-gathers as the collectives they are (the passes and the replica plan
+    find collectives by ``OP``); their arguments keep ``ops.collectives``' order."""
+    for node in fx_graph.nodes:
+        if node.target in (torch.ops.ipuxl.all_gather, torch.ops.ipuxl.all_gather.default):
+            node.meta[OP] = "replicated_all_gather"
 
 
 def _saved_tensor(graph: Graph, node: fx.Node) -> Tensor:
@@ -731,7 +746,7 @@ def _build_grad_graph(graph: Graph, bw: fx.GraphModule, provided: list[Tensor],
     for name, t in saved:
         handle = grad.add_input(t.spec, t.name)
         env[placeholders[name]] = handle.node
-    copy_fx_body(bw, grad.fx, env, grad.constants, graph.ir)
+    copy_fx_body(bw, grad.fx, env, grad.constant_data, graph.ir)
     outputs = []
     for node, fwd_input in zip(_output_args(bw.graph), required):
         out = env[node]

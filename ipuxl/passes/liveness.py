@@ -24,7 +24,7 @@ import torch.fx as fx
 
 from ipuxl.ir.aliases import storage_owner
 from ipuxl.ir.calls import callee
-from ipuxl.ir.meta import ROLE, Role
+from ipuxl.ir.meta import ROLE, STREAM, Role
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
@@ -64,6 +64,8 @@ def _is_tuple(node: fx.Node) -> bool:
 def _allocates(node: fx.Node) -> bool:
     if node.op in ("get_attr", "output", "placeholder") or _is_tuple(node):
         return False  # leaves belong to others; a tuple's outputs are allocated by its items
+    if node.meta.get(ROLE) == Role.H2D:
+        return False  # a host load's value is its stream's buffer slot (counted as stream buffers)
     return storage_owner(node) is node
 
 
@@ -82,9 +84,11 @@ def always_live_bytes(graph: "Graph") -> int:
 
 
 def stream_bytes(graph: "Graph") -> int:
-    """Host-stream buffers of a main graph: one slot per loaded or stored stream."""
-    return sum(tensor_bytes(n.meta.get("val")) for n in graph.fx.nodes
-               if n.op == "placeholder" and n.meta.get(ROLE) in Role.STREAMS)
+    """Host-stream buffers of ``graph``'s own transfers: one slot per stream it loads or stores
+    (however many times)."""
+    slots = {n.meta[STREAM]: n.meta.get("val") for n in graph.fx.nodes
+             if n.meta.get(ROLE) in Role.STREAMS and STREAM in n.meta}
+    return sum(tensor_bytes(val) for val in slots.values())
 
 
 def live_profile(graph: "Graph", order: Sequence[fx.Node] | None = None,

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
+from ipuxl.dtypes import dtype_name
 from ipuxl.errors import OutlineError
 from ipuxl.ir.aliases import storage_owner, writes
 from ipuxl.ir.calls import (CALL_COST, MIN_SAVINGS, CallTarget, RepeatTarget, call_nodes, callee, is_call, is_repeat,
@@ -377,7 +378,7 @@ def _graph_structure(graph: Graph) -> tuple[list[Any], list[str]]:
     inputs = {t.node: i for i, t in enumerate(graph.inputs)}
     for t in graph.inputs:
         items.append(("input", _spec(t.node.meta.get("val")), bool(t.node.meta.get(BY_REF))))
-        lines.append(f"input '{t.name}' {t.shape} {t.dtype}{' by ref' if t.node.meta.get(BY_REF) else ''}")
+        lines.append(f"input '{t.name}' {t.shape} {dtype_name(t.dtype)}{' by ref' if t.node.meta.get(BY_REF) else ''}")
     ops = _ops(graph)
     region = _region(graph, ops, {t.node for t in graph.outputs})
     if region is None:
@@ -403,7 +404,7 @@ def _external_key(graph: Graph, node: fx.Node, inputs: dict[fx.Node, int]) -> tu
         return ("input", inputs[node])
     if node.op == "get_attr":
         target = cast(str, node.target)
-        value = graph.constants.get(target)
+        value = graph.constant_data.get(target)
         return ("constant", _const_key(value)) if value is not None else ("attr", target)
     return ("other", node.name)
 

@@ -7,8 +7,9 @@ Each step is one function of this module, run in this order:
    (``capture.to_ir``);
 3. ``differentiate`` (training): autodiff of the forward for the loss w.r.t. the
    parameters the optimiser trains (``transforms.autodiff``);
-4. ``build_program``: the main graph of one device iteration: host streams,
-   variables, a forward (and grad) call per micro-batch, the optimiser (``program``);
+4. ``build_program``: variables and host streams in the main graph, and the device
+   loop: ``ops.repeat`` of a step graph (loads, a forward (and grad) call per
+   micro-batch, stores, the optimiser) deviceIterations times (``program``);
 5. ``outline_program`` (``Options.autoOutline``): outline repeated code (``passes.outline``).
 
 The executor then compiles the IR on a device ``Session``.
@@ -64,8 +65,8 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], *, trai
 
 
 def import_forward(traced: TracedModule, options: Options) -> Graph:
-    """Step 2: a new ``Ir`` (replicas, one host transfer per device iteration) holding the
-    trace as its forward subgraph."""
+    """Step 2: a new ``Ir`` (replicas; one host transfer per device iteration, as the
+    device loop loads once per iteration) holding the trace as its forward subgraph."""
     ir = Ir(replication=options.replication_factor)
     ir.num_host_transfers = options.device_iterations
     return graph_from_trace(ir, traced)

@@ -5,13 +5,15 @@
 differentiates it (``Gradients``); ``build_program`` then builds what a PopXL user
 would write by hand for the same model:
 
-* the main graph, run once per device iteration (``ir.num_host_transfers`` =
-  deviceIterations), loads the combined batch of ``gradientAccumulation``
-  micro-batches, calls forward and grad graphs once per micro-batch (one compiled
-  function each, called G times), writes back updated buffers, stores every
-  micro-batch's outputs, averages the gradients and applies ``ipuxl.optim.rules``
-  in place, with each param group's learning rate a variable so that
-  ``setOptimizer`` changes it without recompiling.
+* the main graph holds the variables (parameters, buffers, optimiser state, the
+  learning rate of each param group, so that ``setOptimizer`` changes it without
+  recompiling, and the seed) and runs the device loop: ``ops.repeat`` of the step
+  graph deviceIterations times (``ir.num_host_transfers`` = deviceIterations);
+* the step graph takes every variable by reference, loads the combined batch of
+  ``gradientAccumulation`` micro-batches, calls forward and grad graphs once per
+  micro-batch (one compiled function each, called G times), writes back updated
+  buffers, stores every micro-batch's outputs, averages the gradients and applies
+  ``ipuxl.optim.rules`` in place.
 
 An inference program loads the batch, calls the eval-mode forward, writes back the
 buffers it updates and stores its outputs. In both, a tensor input that forward
@@ -42,12 +44,12 @@ from ipuxl.dtypes import to_numpy_dtype
 from ipuxl.ir.context import in_sequence
 from ipuxl.ir.grad_info import GradGraphInfo
 from ipuxl.ir.graph import Graph
-from ipuxl.ir.graph_builder import constant, variable
+from ipuxl.ir.graph_builder import constant, graph_input, variable
 from ipuxl.ir.ir import Ir
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream, d2h_stream, h2d_stream
 from ipuxl.ir.tensor import Tensor, Variable
 from ipuxl.ops import host_load, host_store
-from ipuxl.ops.call import call, call_with_info
+from ipuxl.ops.call import call, call_with_info, repeat
 from ipuxl.ops.collectives import replicated_all_reduce
 from ipuxl.ops.random import split_random_seed
 from ipuxl.ops.var_updates import copy_var_update_
@@ -123,7 +125,8 @@ def build_program(ir: Ir, traced: TracedModule, forward: Graph, gradients: Gradi
     """Build the main graph around the imported ``forward`` (see the module docstring).
 
     Args:
-        ir: the IR ``forward`` belongs to (``ir.num_host_transfers`` = deviceIterations).
+        ir: the IR ``forward`` belongs to (``ir.num_host_transfers`` = deviceIterations:
+            the device loop's count).
         gradients: the autodiff step's result (training), or None (inference).
         micro_batches: gradient accumulation G: forward (and grad) calls per step.
         start: the values the program's variables start from.
@@ -131,23 +134,46 @@ def build_program(ir: Ir, traced: TracedModule, forward: Graph, gradients: Gradi
     """
     program = Program(ir, traced, gradients is not None, micro_batches, [], [], {}, {},
                       trained=gradients.trained if gradients else [])
-    # The step is a program: its ops run in the order built (in-place updates of the
-    # weights, buffers and seed come after every read of them; verify_inplace_order holds).
-    with ir.main_graph, in_sequence():
+    trained = plans if gradients and gradients.trained else []
+    with ir.main_graph:
         _add_variables(program, forward, start)
-        loaded = _add_streams(program)
-        seeds = _step_seeds(program.seed, micro_batches)
-        loss_grad = _loss_gradient(forward, traced, plans) if gradients else None
-        grad_sums: list[Tensor] = []
-        for g in range(micro_batches):
-            grads = _micro_batch(program, forward, gradients, loaded, seeds[g], g, loss_grad)
-            grad_sums = list(grads) if g == 0 else [a + b for a, b in zip(grad_sums, grads)]
-        if gradients and gradients.trained:
-            if ir.replication_factor > 1:
-                # Data parallelism: every replica applies the mean of all replicas' gradients.
-                grad_sums = [replicated_all_reduce(g, op="mean") for g in grad_sums]
-            _apply_optimizer(program, plans, dict(zip(gradients.trained, grad_sums)), micro_batches, start.states)
+        _add_optimizer_variables(program, trained, start.states)
+        _add_streams(program)
+        variables = _all_variables(program)
+        step = ir.new_subgraph("device_step")
+        with step:
+            inputs = {v: graph_input(v.shape, v.spec.dtype, v.name, by_ref=True) for v in variables}
+        # The step is a program: its ops run in the order built (in-place updates of the
+        # weights, buffers and seed come after every read of them; verify_inplace_order holds).
+        with step, in_sequence():
+            _build_step(program, forward, gradients, trained, inputs)
+        repeat(step, ir.num_host_transfers, *variables)
     return program
+
+
+def _all_variables(program: Program) -> list[Variable]:
+    """Every variable of the program, in a fixed order (the step graph's inputs)."""
+    found = [*program.params.values(), *program.buffers.values(), *program.learning_rates.values(),
+             *program.states.values()]
+    return found + ([program.seed] if program.seed is not None else [])
+
+
+def _build_step(program: Program, forward: Graph, gradients: Gradients | None, plans: list[ParamPlan],
+                inputs: dict[Variable, Tensor]) -> None:
+    """One device iteration, in the step graph (``inputs``: each variable's input there)."""
+    micro_batches = program.micro_batches
+    loaded = [host_load(stream, name) for stream, name in zip(program.inputs, program.traced.input_names)]
+    seeds = _step_seeds(inputs[program.seed] if program.seed is not None else None, micro_batches)
+    loss_grad = _loss_gradient(forward, program.traced, plans) if gradients else None
+    grad_sums: list[Tensor] = []
+    for g in range(micro_batches):
+        grads = _micro_batch(program, forward, gradients, loaded, seeds[g], g, loss_grad, inputs)
+        grad_sums = list(grads) if g == 0 else [a + b for a, b in zip(grad_sums, grads)]
+    if gradients and gradients.trained:
+        if program.ir.replication_factor > 1:
+            # Data parallelism: every replica applies the mean of all replicas' gradients.
+            grad_sums = [replicated_all_reduce(g, op="mean") for g in grad_sums]
+        _apply_optimizer(program, plans, dict(zip(gradients.trained, grad_sums)), micro_batches, inputs)
 
 
 def _add_variables(program: Program, forward: Graph, start: StartValues) -> None:
@@ -155,22 +181,19 @@ def _add_variables(program: Program, forward: Graph, start: StartValues) -> None
     traced = program.traced
     n_in, n_state = len(traced.input_names), len(traced.params) + len(traced.buffers)
     params = set(traced.params)
-    for name, graph_input in zip(traced.params + traced.buffers, forward.inputs[n_in:n_in + n_state]):
+    for name, forward_input in zip(traced.params + traced.buffers, forward.inputs[n_in:n_in + n_state]):
         held = program.params if name in params else program.buffers
-        held[name] = variable(start.weights[name], graph_input.dtype, name=name, downcast=False)
+        held[name] = variable(start.weights[name], forward_input.spec.dtype, name=name, downcast=False)
     if traced.uses_seed:
         program.seed = _seed_variable(program.ir, start.seed)
 
 
-def _add_streams(program: Program) -> list[Tensor]:
+def _add_streams(program: Program) -> None:
     """The host streams: one in per input, one out per output and micro-batch, and one
-    out per input written in place and micro-batch. Returns the loaded inputs."""
+    out per input written in place and micro-batch."""
     traced, count = program.traced, program.micro_batches
-    loaded = []
     for name, spec in zip(traced.input_names, traced.input_specs):
-        stream = h2d_stream((count * spec.shape[0], *spec.shape[1:]), spec.dtype, name)
-        program.inputs.append(stream)
-        loaded.append(host_load(stream, name))
+        program.inputs.append(h2d_stream((count * spec.shape[0], *spec.shape[1:]), spec.dtype, name))
     suffix = [f"_mb{g}" if count > 1 else "" for g in range(count)]
     program.outputs = [[d2h_stream(spec.shape, spec.dtype, f"output{j}{suffix[g]}") for g in range(count)]
                        for j, spec in enumerate(traced.output_specs)]
@@ -178,24 +201,24 @@ def _add_streams(program: Program) -> list[Tensor]:
         (i, [d2h_stream(traced.input_specs[i].shape, traced.input_specs[i].dtype,
                         f"{traced.input_names[i]}.new{suffix[g]}") for g in range(count)])
         for i in traced.mutated_inputs]
-    return loaded
 
 
 def _loss_gradient(forward: Graph, traced: TracedModule, plans: list[ParamPlan]) -> Tensor:
     """The loss gradient: the loss scaling (1 without), once for all micro-batches."""
     assert traced.loss_index is not None, "a training trace has a loss"
-    dtype = forward.outputs[traced.loss_index].dtype
+    dtype = forward.outputs[traced.loss_index].spec.dtype
     scaling = plans[0].loss_scaling if plans else 1.0
     return constant(np.full((), scaling, to_numpy_dtype(dtype)), dtype)
 
 
 def _micro_batch(program: Program, forward: Graph, gradients: Gradients | None, loaded: list[Tensor],
-                 seed: Tensor | None, g: int, loss_grad: Tensor | None) -> tuple[Tensor, ...]:
+                 seed: Tensor | None, g: int, loss_grad: Tensor | None,
+                 inputs: dict[Variable, Tensor]) -> tuple[Tensor, ...]:
     """Micro-batch ``g``: call forward (and the grad graph), write back updated buffers
     and store the outputs. Returns the gradients of the trained parameters."""
     traced, count = program.traced, program.micro_batches
     xs = [x if count == 1 else x[g * s.shape[0]:(g + 1) * s.shape[0]] for x, s in zip(loaded, traced.input_specs)]
-    args = xs + [program.params[n] for n in traced.params] + [program.buffers[n] for n in traced.buffers]
+    args = xs + [inputs[program.params[n]] for n in traced.params] + [inputs[program.buffers[n]] for n in traced.buffers]
     args += [seed] if seed is not None else []
     info = call_with_info(forward, *args)
     outs = info.outputs
@@ -204,7 +227,7 @@ def _micro_batch(program: Program, forward: Graph, gradients: Gradients | None, 
         grads = call(gradients.info.graph, loss_grad, inputs_dict=gradients.info.inputs_dict(info))
     for k, name in enumerate(traced.mutated):  # buffers updated in forward persist, as in eager
         target = program.params[name] if name in program.params else program.buffers[name]
-        copy_var_update_(target, outs[traced.n_outputs + k])
+        copy_var_update_(inputs[target], outs[traced.n_outputs + k])
     for j in range(traced.n_outputs):
         host_store(program.outputs[j][g], outs[j])
     first_update = traced.n_outputs + len(traced.mutated)
@@ -235,7 +258,7 @@ def _seed_variable(ir: Ir, seed: np.ndarray) -> Variable:
                     replica_grouping=ir.replica_grouping(stride=1, group_size=1))
 
 
-def _step_seeds(seed: Variable | None, count: int) -> list[Tensor | None]:
+def _step_seeds(seed: Tensor | None, count: int) -> list[Tensor | None]:
     """Fresh seeds for this step's micro-batches; the variable advances every step
     (the schedule of ``capture.dropout.step_seeds``, which ``DropoutReplay`` replays)."""
     if seed is None:
@@ -245,28 +268,37 @@ def _step_seeds(seed: Variable | None, count: int) -> list[Tensor | None]:
     return [this_step] if count == 1 else list(split_random_seed(this_step, count))
 
 
-def _apply_optimizer(program: Program, plans: list[ParamPlan], grads: dict[str, Tensor], micro_batches: int,
-                     initial: dict[tuple[str, str], np.ndarray]) -> None:
-    """Learning-rate variables per param group, then each trained parameter's update rule
-    with its state variables (started from ``initial``) on the mean gradient."""
+def _add_optimizer_variables(program: Program, plans: list[ParamPlan],
+                             initial: dict[tuple[str, str], np.ndarray]) -> None:
+    """A learning-rate variable per param group, and the state variables of each trained
+    parameter's update rule (started from ``initial``, else zeros)."""
     for plan in plans:
         if plan.group not in program.learning_rates:
             program.learning_rates[plan.group] = variable(np.float32(plan.hypers["lr"]), torch.float32,
                                                           name=f"optimizer.group{plan.group}.lr")
     for plan in plans:
+        if plan.name not in program.trained:
+            continue
+        hypers = {k: v for k, v in plan.hypers.items() if k != "lr"}
+        specs = state_specs(plan.rule, program.params[plan.name], **hypers, **plan.flags, **plan.state_dtypes)
+        for state, spec in specs.items():
+            value = initial.get((plan.name, state))
+            data = spec.zeros() if value is None else np.asarray(value, to_numpy_dtype(spec.dtype)).reshape(spec.shape)
+            program.states[(plan.name, state)] = variable(data, spec.dtype, name=f"{plan.name}.{state}")
+
+
+def _apply_optimizer(program: Program, plans: list[ParamPlan], grads: dict[str, Tensor], micro_batches: int,
+                     inputs: dict[Variable, Tensor]) -> None:
+    """Each trained parameter's update rule on the mean gradient, on the step graph's
+    inputs of its weight, state and learning-rate variables."""
+    for plan in plans:
         if plan.name not in grads:
             continue
-        weight = program.params[plan.name]
         grad = grads[plan.name]
         scale = 1.0 / (micro_batches * plan.loss_scaling)
         if scale != 1.0:
             grad = grad * scale
         hypers = {k: v for k, v in plan.hypers.items() if k != "lr"}
-        specs = state_specs(plan.rule, weight, **hypers, **plan.flags, **plan.state_dtypes)
-        state_vars: dict[str, Variable] = {}
-        for state, spec in specs.items():
-            value = initial.get((plan.name, state))
-            data = spec.zeros() if value is None else np.asarray(value, to_numpy_dtype(spec.dtype)).reshape(spec.shape)
-            state_vars[state] = variable(data, spec.dtype, name=f"{plan.name}.{state}")
-            program.states[(plan.name, state)] = state_vars[state]
-        RULES[plan.rule](weight, grad, **state_vars, lr=program.learning_rates[plan.group], **hypers, **plan.flags)
+        states = {state: inputs[var] for (name, state), var in program.states.items() if name == plan.name}
+        RULES[plan.rule](inputs[program.params[plan.name]], grad, **states,
+                         lr=inputs[program.learning_rates[plan.group]], **hypers, **plan.flags)

@@ -36,7 +36,7 @@ def _run(module, x_np, x_dtype=ipuxl.float32):
     weights = {k: torch.from_numpy(session.get_tensor_data(t).copy()) for k, t in variables.named_tensors.items()}
     with session:
         result = session.run({stream: x_np})
-    dy_value = torch.from_numpy(graph.graph.ir.main_graph.constants[dy.node.target].numpy())
+    dy_value = torch.from_numpy(graph.graph.ir.main_graph.constant_data[dy.node.target].numpy())
     return {k: torch.from_numpy(result[s]) for k, s in streams.items()}, weights, dy_value
 
 

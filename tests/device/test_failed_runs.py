@@ -1,7 +1,8 @@
 """Failed runs: the state a failed step leaves, the error that reports it, and an IR
 changed after its Session was created.
 
-The rule: when step k of n fails, steps 1..k-1 stay applied and host and device agree
+Programs are in PopXL's device-loop form: ``ops.repeat`` of a step graph that loads
+its own data, so a step is a host transfer (one iteration). The rule: when step k of n fails, steps 1..k-1 stay applied and host and device agree
 on them (reads sync, the next run continues from them); in-place updates step k made
 before its failing op stay too and the error names them. The error names the failing op
 and the user's line that built it. numpy is the oracle for every number.
@@ -48,23 +49,28 @@ def _assert_source(source: str | None, marker: str, function: str) -> None:
 
 # -- the program: a variable updated before a gather, one after it -----------------------------
 def _gather_program(replication: int = 1):
-    """Each step, in sequence: ``count += 1``; store the all-reduced count; ``rows =
-    table[idx]`` (idx from a stream); ``acc += all_reduce(sum(rows, 0))``; store acc."""
+    """``ops.repeat`` of ``gather_step``, STEPS iterations per run."""
     ir = ipuxl.Ir(replication=replication)
     ir.num_host_transfers = STEPS
-    with ir.main_graph, ipuxl.in_sequence():
+    with ir.main_graph:
         idx_stream = ipuxl.h2d_stream((2,), ipuxl.int32, "idx")
+        total_stream = ipuxl.d2h_stream((), F32, "total")
+        acc_stream = ipuxl.d2h_stream((2,), F32, "acc_out")
         table = ipuxl.variable(TABLE, F32, name="table")
         count = ipuxl.variable(np.float32(0), F32, name="count")
         acc = ipuxl.variable(np.zeros(2, np.float32), F32, name="acc")
-        ops.var_updates.accumulate_(count, ipuxl.constant(np.float32(1)))
-        total = ops.collectives.replicated_all_reduce(count)
-        total_stream = ipuxl.d2h_stream((), F32, "total")
-        ops.host_store(total_stream, total)
-        rows = ops.gather(table, ops.host_load(idx_stream))  # <- the gather
-        ops.var_updates.accumulate_(acc, ops.collectives.replicated_all_reduce(ops.sum(rows, 0)))
-        acc_stream = ipuxl.d2h_stream((2,), F32, "acc_out")
-        ops.host_store(acc_stream, acc)
+
+        def gather_step(table, count: ipuxl.TensorByRef, acc: ipuxl.TensorByRef):
+            """One step, in sequence: ``count += 1``; store the all-reduced count; ``rows =
+            table[idx]`` (idx loaded); ``acc += all_reduce(sum(rows, 0))``; store acc."""
+            with ipuxl.in_sequence():
+                ops.var_updates.accumulate_(count, ipuxl.constant(np.float32(1)))
+                ops.host_store(total_stream, ops.collectives.replicated_all_reduce(count))
+                rows = ops.gather(table, ops.host_load(idx_stream))  # <- the gather
+                ops.var_updates.accumulate_(acc, ops.collectives.replicated_all_reduce(ops.sum(rows, 0)))
+                ops.host_store(acc_stream, acc)
+
+        ops.repeat(ir.create_graph(gather_step, table, count, acc), STEPS, table, count, acc)
     return ir, idx_stream, (count, acc), (total_stream, acc_stream)
 
 
@@ -92,8 +98,8 @@ def test_a_failed_step_keeps_the_applied_steps_and_names_the_op_and_line():
             session.run({idx_stream: BAD_IN_STEP_2})
         err = info.value
         assert (err.steps_applied, err.step, err.failed_op) == (1, 2, "gather")
-        _assert_source(err.source, "# <- the gather", "_gather_program")
-        _assert_source(err.where.split(" (")[0], "# <- the gather", "_gather_program")
+        _assert_source(err.source, "# <- the gather", "gather_step")
+        _assert_source(err.where.split(" (")[0], "# <- the gather", "gather_step")
         message = str(err)
         assert "the device program failed in step 2 of 3 at op 'gather' (from " in message
         assert "index out of range" in message
@@ -170,7 +176,7 @@ def test_b_a_failing_replica_keeps_the_applied_steps_of_all_replicas():
             session.run({idx_stream: bad})
         err = info.value
         assert (err.steps_applied, err.step, err.failed_op) == (1, 2, "gather")
-        _assert_source(err.source, "# <- the gather", "_gather_program")
+        _assert_source(err.source, "# <- the gather", "gather_step")
         message = str(err)
         assert "the device program failed in step 2 of 3, replica 1 of 2 at op 'gather' (from " in message
         assert "step 1 was applied and kept" in message
@@ -278,7 +284,7 @@ def test_e_finding_the_op_leaves_the_variables_as_the_failed_run_did():
     re-running the step to find it must not update the device's variables again."""
     ir = ipuxl.Ir()
     ir.num_host_transfers = STEPS
-    with ir.main_graph, ipuxl.in_sequence():
+    with ir.main_graph:
         a_stream = ipuxl.h2d_stream((2,), ipuxl.int32, "a")
         b_stream = ipuxl.h2d_stream((2,), ipuxl.int32, "b")
         table = ipuxl.variable(TABLE, F32, name="table")
@@ -290,13 +296,19 @@ def test_e_finding_the_op_leaves_the_variables_as_the_failed_run_did():
             return ops.gather(t, idx)  # <- the callee's gather
 
         graph = ir.create_graph(bump_and_pick, hits, table, ipuxl.TensorSpec((2,), ipuxl.int32))
-        rows_a, = ops.call(graph, hits, table, ops.host_load(a_stream))
-        rows_b, = ops.call(graph, hits, table, ops.host_load(b_stream))
-        ops.var_updates.accumulate_(acc, ops.sum(rows_a, 0) + ops.sum(rows_b, 0))
+
+        def step(hits: ipuxl.TensorByRef, table, acc: ipuxl.TensorByRef):
+            with ipuxl.in_sequence():
+                rows_a, = ops.call(graph, hits, table, ops.host_load(a_stream))
+                rows_b, = ops.call(graph, hits, table, ops.host_load(b_stream))
+                ops.var_updates.accumulate_(acc, ops.sum(rows_a, 0) + ops.sum(rows_b, 0))
+
+        ops.repeat(ir.create_graph(step, hits, table, acc), STEPS, hits, table, acc)
     a = GOOD
     b = BAD_IN_STEP_2
     with ipuxl.Session(ir, "cpu") as session:
-        assert len(re.findall(r"= ipuxl_compiled_call_\w*bump_and_pick\w*\(", session.code)) == 2  # not inlined
+        body = session.compiled_graph(ir.graphs[-1]).module.code
+        assert len(re.findall(r"= ipuxl_compiled_call_\w*bump_and_pick\w*\(", body)) == 2  # not inlined
         with pytest.raises(DeviceError) as info:
             session.run({a_stream: a, b_stream: b})
         err = info.value
@@ -316,7 +328,8 @@ def test_e_finding_the_op_leaves_the_variables_as_the_failed_run_did():
 
 
 def test_e_a_failure_inside_a_repeated_graph_names_the_op_in_its_body():
-    """The loop body is run node by node too: the error names the body's op, not the repeat."""
+    """Loop bodies are run node by node too: the error names the op of the inner loop's
+    body (a loop inside the device loop), not the repeat."""
     ir = ipuxl.Ir()
     ir.num_host_transfers = STEPS
     with ir.main_graph:
@@ -328,8 +341,12 @@ def test_e_a_failure_inside_a_repeated_graph_names_the_op_in_its_body():
             return total + ops.sum(ops.gather(t, idx), 0)  # <- the loop body's gather
 
         graph = ir.create_graph(body, ipuxl.TensorSpec((2,), F32), table, ipuxl.TensorSpec((2,), ipuxl.int32))
-        total, = ops.repeat(graph, 2, ipuxl.constant(np.zeros(2, np.float32)), table, ops.host_load(idx_stream))
-        ops.var_updates.accumulate_(acc, total)
+
+        def step(table, acc: ipuxl.TensorByRef):
+            total, = ops.repeat(graph, 2, ipuxl.constant(np.zeros(2, np.float32)), table, ops.host_load(idx_stream))
+            ops.var_updates.accumulate_(acc, total)
+
+        ops.repeat(ir.create_graph(step, table, acc), STEPS, table, acc)
     with ipuxl.Session(ir, "cpu") as session:
         with pytest.raises(DeviceError) as info:
             session.run({idx_stream: BAD_IN_STEP_2})

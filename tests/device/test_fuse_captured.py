@@ -1,7 +1,8 @@
 """Device compilation of captured (``trainingModel``) programs: the generated code is
 lean and still trains exactly like eager PyTorch (the oracle).
 
-Structural checks on ``session.code`` (the main program's generated Python):
+Structural checks on the generated Python of the main program and the graphs it
+calls (``_code``: the device loop's step is a compiled loop body):
 
 * a captured Linear's weight gradient, ``t(t(mm(a, g)))`` in ``make_fx``'s trace,
   is fused into its SGD update as one ``addmm_`` (``device.fuse``);
@@ -84,11 +85,17 @@ def _calls(code: str, name: str) -> int:
     return len(re.findall(rf"\b{name}\(", code))
 
 
+def _code(session: ipuxl.Session) -> str:
+    """The generated code of the main program and of every compiled called graph."""
+    compiled = [session.compiled_graph(g) for g in session.ir.graphs]
+    return "\n".join([session.code] + [c.module.code for c in compiled if c is not None])
+
+
 def test_captured_linear_weight_updates_are_fused_into_addmm():
     torch.manual_seed(0)
     x, y = _data((12,), 4 * 6, 5)
     ipu, _ = _train(MLP(), lambda m: torch.optim.SGD(m.parameters(), lr=0.1), x, y, n=4)
-    code = ipu.session.code
+    code = _code(ipu.session)
     assert _calls(code, "torch_Tensor_addmm_") == 2, code  # fc1.weight and fc2.weight
     assert _calls(code, "torch_Tensor_addcmul_") == 2, code  # the biases
     # no transpose of a transpose is left
@@ -105,21 +112,21 @@ def test_learning_rate_is_negated_once_per_group():
         return torch.optim.SGD([{"params": m.fc1.parameters(), "lr": 0.05}, {"params": m.fc2.parameters()}], lr=0.1)
 
     ipu, _ = _train(MLP(), groups, x, y, n=3)
-    assert _calls(ipu.session.code, "torch.neg") == 2, ipu.session.code
+    assert _calls(_code(ipu.session), "torch.neg") == 2, _code(ipu.session)
 
 
 def test_nll_loss_forward_runs_once_per_step():
     torch.manual_seed(0)
     x, y = _data((12,), 4, 5)
     ipu, _ = _train(MLP(), lambda m: torch.optim.SGD(m.parameters(), lr=0.1), x, y, n=1)
-    assert _calls(ipu.session.code, "torch.ops.aten.nll_loss_forward.default") == 1, ipu.session.code
+    assert _calls(_code(ipu.session), "torch.ops.aten.nll_loss_forward.default") == 1, _code(ipu.session)
 
 
 def test_cnn_max_pool_uses_the_channels_last_kernel_and_trains_like_eager():
     torch.manual_seed(0)
     x, y = _data((1, 14, 14), 3 * 4, 4)
     ipu, _ = _train(CNN(), lambda m: torch.optim.SGD(m.parameters(), lr=0.05), x, y, n=3)
-    code = ipu.session.code
+    code = _code(ipu.session)
     assert _calls(code, "ipuxl_device_fuse_max_pool2d_with_indices") == 2, code
     assert _calls(code, "torch.ops.aten.max_pool2d_with_indices.default") == 0, code
     assert _calls(code, "torch.neg") == 1 and _calls(code, "torch_Tensor_addmm_") == 1, code

@@ -28,8 +28,7 @@ class MLP(addons.Module):
 
 def _train_ipuxl(optimizer, hyper, data, labels):
     np.random.seed(0)
-    ir = ipuxl.Ir()
-    ir.num_host_transfers = STEPS
+    ir = ipuxl.Ir()  # one step per run (num_host_transfers = 1): STEPS runs
     with ir.main_graph:
         x_stream = ipuxl.h2d_stream((BATCH, 5), ipuxl.float32, "x")
         y_stream = ipuxl.h2d_stream((BATCH,), ipuxl.int32, "y")
@@ -45,7 +44,8 @@ def _train_ipuxl(optimizer, hyper, data, labels):
     session = ipuxl.Session(ir, "cpu")
     initial = {k: session.get_tensor_data(t).copy() for k, t in variables.named_tensors.items()}
     with session:
-        session.run({x_stream: data, y_stream: labels})
+        for step in range(STEPS):
+            session.run({x_stream: data[step], y_stream: labels[step]})
     trained = {k: session.get_tensor_data(t) for k, t in variables.named_tensors.items()}
     return initial, trained, state, ir
 

@@ -66,27 +66,37 @@ class Program:
         self.n = steps_per_run
         ir = ipuxl.Ir()
         ir.num_host_transfers = steps_per_run
-        with ir.main_graph:
+        with ir.main_graph:  # the variables, then the device loop: ops.repeat of one training step
             self.x_stream = ipuxl.h2d_stream((BATCH, 6), F32, "x")
             self.y_stream = ipuxl.h2d_stream((BATCH, 4), F32, "y")
-            x, y = ops.host_load(self.x_stream), ops.host_load(self.y_stream)
             self.weights = {k: ipuxl.variable(a, F32, name=k) for k, a in init.items()}
-            hypers = dict(options)
             self.hyper_streams = {k: ipuxl.h2d_stream((), F32, k) for k in streamed}
-            hypers.update({k: ops.host_load(s) for k, s in self.hyper_streams.items()})
             self.hyper_vars = {k: ipuxl.variable(np.float32(options[k]), F32, name=k) for k in variables}
-            hypers.update(self.hyper_vars)
-            ws = list(self.weights.values())
-            graph = ir.create_graph(_loss_ipuxl, x, y, *ws)
-            call = ops.call_with_info(graph, x, y, *ws)
-            info = transforms.autodiff(graph, grads_required=graph.inputs[2:])
-            grads = ops.call(info.graph, ipuxl.constant(np.float32(1.0)), inputs_dict=info.inputs_dict(call))
             self.states: dict[str, dict[str, ipuxl.Tensor]] = {}
-            for (name, w), g in zip(self.weights.items(), grads):
-                specs = rules.state_specs(rule, w, **hypers, **(state_dtypes or {}))
+            for name, w in self.weights.items():
+                specs = rules.state_specs(rule, w, **options, **(state_dtypes or {}))
                 self.states[name] = {k: ipuxl.variable(spec.zeros(), spec.dtype, name=f"{name}_{k}")
                                      for k, spec in specs.items()}
-                rules.RULES[rule](w, g, **self.states[name], **hypers)
+            held = [*self.weights.values(), *self.hyper_vars.values(),
+                    *(v for states in self.states.values() for v in states.values())]
+
+            def step(*inputs):
+                mine = dict(zip(held, inputs))
+                x, y = ops.host_load(self.x_stream), ops.host_load(self.y_stream)
+                hypers = dict(options)
+                hypers.update({k: ops.host_load(s) for k, s in self.hyper_streams.items()})
+                hypers.update({k: mine[v] for k, v in self.hyper_vars.items()})
+                ws = [mine[w] for w in self.weights.values()]
+                graph = ir.create_graph(_loss_ipuxl, x, y, *ws)
+                call = ops.call_with_info(graph, x, y, *ws)
+                info = transforms.autodiff(graph, grads_required=graph.inputs[2:])
+                grads = ops.call(info.graph, ipuxl.constant(np.float32(1.0)), inputs_dict=info.inputs_dict(call))
+                for (name, w), g in zip(self.weights.items(), grads):
+                    states = {k: mine[v] for k, v in self.states[name].items()}
+                    rules.RULES[rule](mine[w], g, **states, **hypers)
+
+            loop = ir.create_graph(step, *[ipuxl.TensorByRef(v) for v in held])
+            ops.repeat(loop, steps_per_run, *held)
         self.ir = ir
         self.session = ipuxl.Session(ir, "cpu")
 

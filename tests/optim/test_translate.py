@@ -152,16 +152,21 @@ def _device_steps(plan: ParamPlan, w0: torch.Tensor, states0: dict, grads: list[
     """Run ``len(grads)`` steps of ``plan``'s rule in an ipuxl program; returns (weight, states)."""
     ir = ipuxl.Ir()
     ir.num_host_transfers = len(grads)
-    with ir.main_graph:
+    with ir.main_graph:  # the variables, then a device loop whose step loads its gradient
         stream = ipuxl.h2d_stream(tuple(w0.shape), ipuxl.float32, "g")
         w = ipuxl.variable(w0.detach().numpy().copy(), ipuxl.float32, name="w")
-        g = ops.host_load(stream)
-        if plan.loss_scaling != 1.0:
-            g = g * (1.0 / plan.loss_scaling)
         specs = plan.state_specs(w)
         states = {k: ipuxl.variable(states0[k].numpy().copy() if k in states0 else s.zeros(), s.dtype, name=k)
                   for k, s in specs.items()}
-        rules.RULES[plan.rule](w, g, **states, **plan.rule_kwargs())
+
+        def step(w: ipuxl.TensorByRef, *state_inputs):
+            g = ops.host_load(stream)
+            if plan.loss_scaling != 1.0:
+                g = g * (1.0 / plan.loss_scaling)
+            rules.RULES[plan.rule](w, g, **dict(zip(states, state_inputs)), **plan.rule_kwargs())
+
+        held = [w, *states.values()]
+        ops.repeat(ir.create_graph(step, *[ipuxl.TensorByRef(v) for v in held]), len(grads), *held)
     session = ipuxl.Session(ir, "cpu")
     with session:
         session.run({stream: np.stack([x.numpy() for x in grads])})

@@ -89,7 +89,7 @@ def test_grads_required_subset_returns_only_those_in_order():
 
 
 def _conv_ipuxl(x, w, v):
-    h = ops.max_pool(ops.relu(ops.conv(x, w, padding=(1, 1, 1, 1))), (2, 2))
+    h = ops.max_pool(ops.relu(ops.conv(x, w, padding=(1, 1, 1, 1))), (2, 2), (2, 2))
     return h.reshape((2, -1)) @ v
 
 

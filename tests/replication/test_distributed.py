@@ -27,8 +27,9 @@ LAUNCH_TIMEOUT = 120
 
 
 # -- the program the processes run ---------------------------------------------------------
-def build_mlp(replicas: int):
-    """A 64-32-32-10 GELU MLP (popxl.addons style) whose SGD step uses the replicas' mean gradient."""
+def build_mlp(replicas: int, steps: int = STEPS_PER_RUN):
+    """A 64-32-32-10 GELU MLP (popxl.addons style) whose SGD step uses the replicas' mean
+    gradient; ``steps`` steps per run, unrolled in the main graph (each loads its batch)."""
     import ipuxl
     import ipuxl.addons_compat as addons
     import ipuxl.ops as ops
@@ -43,23 +44,24 @@ def build_mlp(replicas: int):
 
     np.random.seed(0)  # the initial weights: the same in every process
     ir = ipuxl.Ir(replication=replicas)
-    ir.num_host_transfers = STEPS_PER_RUN
-    with ir.main_graph:
+    ir.num_host_transfers = steps
+    with ir.main_graph, ipuxl.in_sequence():
         x_stream = ipuxl.h2d_stream((BATCH, FEATURES), ipuxl.float32, "x")
         y_stream = ipuxl.h2d_stream((BATCH,), ipuxl.int32, "y")
-        x, y = ops.host_load(x_stream), ops.host_load(y_stream)
-        facts, fwd = MLP().create_graph(x)
+        loss_stream = ipuxl.d2h_stream((), ipuxl.float32, "loss")
+        facts, fwd = MLP().create_graph(ipuxl.TensorSpec((BATCH, FEATURES), ipuxl.float32))
         bwd = addons.autodiff(fwd)
         variables = facts.init()
-        fwd_info = fwd.bind(variables).call_with_info(x)
-        loss, dlogits = addons.ops.cross_entropy_with_grad(fwd_info.outputs[0], y)
-        bwd_info = bwd.call_with_info(dlogits, args=bwd.grad_graph_info.inputs_dict(fwd_info))
-        grads = bwd.grad_graph_info.fwd_parent_ins_to_grad_parent_outs(fwd_info, bwd_info)
-        for t in variables.tensors:
-            grads[t] = ops.collectives.replicated_all_reduce_(grads[t], "mean")
-            ops.scaled_add_(t, grads[t], b=-LR)
-        loss_stream = ipuxl.d2h_stream(loss.shape, loss.dtype, "loss")
-        ops.host_store(loss_stream, loss)
+        for _ in range(steps):
+            x, y = ops.host_load(x_stream), ops.host_load(y_stream)
+            fwd_info = fwd.bind(variables).call_with_info(x)
+            loss, dlogits = addons.ops.cross_entropy_with_grad(fwd_info.outputs[0], y)
+            bwd_info = bwd.call_with_info(dlogits, args=bwd.grad_graph_info.inputs_dict(fwd_info))
+            grads = bwd.grad_graph_info.fwd_parent_ins_to_grad_parent_outs(fwd_info, bwd_info)
+            for t in variables.tensors:
+                grads[t] = ops.collectives.replicated_all_reduce_(grads[t], "mean")
+                ops.scaled_add_(t, grads[t], b=-LR)
+            ops.host_store(loss_stream, loss)
     return ir, (x_stream, y_stream), variables, loss_stream
 
 
@@ -282,8 +284,7 @@ def test_replicas_apply_the_mean_gradient():
         return F.cross_entropy(h @ w["fc3.weight"] + w["fc3.bias"], torch.from_numpy(y[0, r]).long())
 
     per_replica = [torch.autograd.grad(loss(r), list(w.values())) for r in range(2)]
-    ir, streams, variables, _ = build_mlp(2)
-    ir.num_host_transfers = 1
+    ir, streams, variables, _ = build_mlp(2, steps=1)
     session = ipuxl.Session(ir, "cpu")
     with session:
         session.run(dict(zip(streams, (x[0], y[0]))))

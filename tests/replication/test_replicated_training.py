@@ -33,30 +33,38 @@ def _initial(seed: int = 0) -> list[np.ndarray]:
 
 def build_sgd_program(replicas: int, micro: int, steps: int, lr: float, reduce_op: str = "mean",
                       momentum: float = 0.0):
-    """Main program: per step load x, t; loss and grads; all-reduce grads; SGD (with momentum)."""
+    """A device loop of ``steps`` steps, each: load x, t; loss and grads; all-reduce grads;
+    SGD (with momentum)."""
     ir = ipuxl.Ir(replication=replicas)
     ir.num_host_transfers = steps
     with ir.main_graph:
         x_s = ipuxl.h2d_stream((micro, 12), F32, "x")
         t_s = ipuxl.h2d_stream((micro, 4), F32, "t")
-        x, t = ops.host_load(x_s), ops.host_load(t_s)
-        weights = [ipuxl.variable(v, F32, name=f"w{i}") for i, v in enumerate(_initial())]
-        graph = ir.create_graph(_forward, x, t, *weights)
-        info = ops.call_with_info(graph, x, t, *weights)
-        grad_info = transforms.autodiff(graph, grads_required=graph.inputs[2:])
-        seed = ipuxl.constant(np.ones((), np.float32), F32, "dloss")
-        grads = ops.call(grad_info.graph, seed, inputs_dict=grad_info.inputs_dict(info))
         loss_s = ipuxl.d2h_stream((), F32, "loss")
-        ops.host_store(loss_s, info.outputs[0])
-        for i, (w, g) in enumerate(zip(weights, grads)):
-            g = ops.collectives.replicated_all_reduce_(g, reduce_op)
-            if reduce_op == "add":
-                g = g * (1.0 / replicas)
-            if momentum:
-                v = ipuxl.variable(np.zeros(w.shape, np.float32), F32, name=f"v{i}")
-                ops.scaled_add_(v, g, momentum, 1.0)  # torch's momentum buffer: v = m v + g
-                g = v
-            ops.scaled_add_(w, g, 1.0, -lr)
+        weights = [ipuxl.variable(v, F32, name=f"w{i}") for i, v in enumerate(_initial())]
+        velocities = [ipuxl.variable(np.zeros(w.shape, np.float32), F32, name=f"v{i}")
+                      for i, w in enumerate(weights)] if momentum else []
+
+        def step(*held):
+            ws, vs = held[:len(weights)], held[len(weights):]
+            x, t = ops.host_load(x_s), ops.host_load(t_s)
+            graph = ir.create_graph(_forward, x, t, *ws)
+            info = ops.call_with_info(graph, x, t, *ws)
+            grad_info = transforms.autodiff(graph, grads_required=graph.inputs[2:])
+            seed = ipuxl.constant(np.ones((), np.float32), F32, "dloss")
+            grads = ops.call(grad_info.graph, seed, inputs_dict=grad_info.inputs_dict(info))
+            ops.host_store(loss_s, info.outputs[0])
+            for i, (w, g) in enumerate(zip(ws, grads)):
+                g = ops.collectives.replicated_all_reduce_(g, reduce_op)
+                if reduce_op == "add":
+                    g = g * (1.0 / replicas)
+                if momentum:
+                    ops.scaled_add_(vs[i], g, momentum, 1.0)  # torch's momentum buffer: v = m v + g
+                    g = vs[i]
+                ops.scaled_add_(w, g, 1.0, -lr)
+
+        held = [*weights, *velocities]
+        ops.repeat(ir.create_graph(step, *[ipuxl.TensorByRef(v) for v in held]), steps, *held)
     return ir, x_s, t_s, loss_s, weights
 
 

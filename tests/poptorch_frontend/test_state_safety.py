@@ -22,8 +22,8 @@ from ipuxl import Options
 from ipuxl.errors import AlreadyWrappedError, DeviceError, InvalidArgumentError, StreamInputError, TraceError
 from ipuxl.poptorch_compat import weights
 
-from tests.poptorch._checks import raises_in
-from tests.poptorch.test_training import MLP, assert_same_weights, eager_steps, make_data
+from tests.poptorch_frontend._checks import raises_in
+from tests.poptorch_frontend.test_training import MLP, assert_same_weights, eager_steps, make_data
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 raises = raises_in(__file__)
@@ -252,7 +252,7 @@ def test_inference_model_sees_weights_trained_by_a_copied_training_model(storage
 def test_host_writes_reach_every_replica():
     """With replicas the device keeps copies (one per replica): a loaded checkpoint and an
     optimiser state must reach all of them, or the replicas' mean gradient is wrong."""
-    from tests.poptorch.test_replication import eager_reference
+    from tests.poptorch_frontend.test_replication import eager_reference
 
     torch.manual_seed(14)
     training = _check_rewind(Options().deviceIterations(2).replicationFactor(2), 2 * 2 * 3,

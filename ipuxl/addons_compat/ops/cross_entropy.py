@@ -1,4 +1,4 @@
-"""popxl.addons' ops: cross entropy with and without its gradient."""
+"""popxl.addons' cross entropy ops, with and without their gradient."""
 from __future__ import annotations
 
 import torch

@@ -24,8 +24,8 @@ import ipuxl
 from ipuxl import Options, OutputMode
 from ipuxl.errors import BatchSizeError, OptionsError
 
-from tests.poptorch._checks import raises_in
-from tests.poptorch.test_training import MLP, assert_same_weights, make_data
+from tests.poptorch_frontend._checks import raises_in
+from tests.poptorch_frontend.test_training import MLP, assert_same_weights, make_data
 
 raises = raises_in(__file__)
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -307,7 +307,7 @@ def test_distributed_option_errors(monkeypatch):
 _SCRIPT = """
 import sys, torch, ipuxl
 sys.path.insert(0, {root!r})
-from tests.poptorch.test_training import MLP
+from tests.poptorch_frontend.test_training import MLP
 from ipuxl import Options, OutputMode
 
 data = torch.load({data!r})

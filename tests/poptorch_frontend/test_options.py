@@ -9,7 +9,7 @@ import torch
 
 from ipuxl.errors import FrozenOptionsError, InvalidArgumentError, OptionsError
 from ipuxl.poptorch_compat.options import AnchorMode, Options, OutputMode
-from tests.poptorch._checks import raises_in
+from tests.poptorch_frontend._checks import raises_in
 
 raises = raises_in(__file__)
 

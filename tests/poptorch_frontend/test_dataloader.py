@@ -11,7 +11,7 @@ from torch.utils.data import Dataset, IterableDataset, TensorDataset
 from ipuxl.poptorch_compat.dataloader import DataLoader, DataLoaderMode
 from ipuxl.errors import FrozenOptionsError, InvalidArgumentError, OptionsError
 from ipuxl.poptorch_compat.options import Options
-from tests.poptorch._checks import raises_in
+from tests.poptorch_frontend._checks import raises_in
 
 raises = raises_in(__file__)
 

@@ -14,7 +14,7 @@ from ipuxl.errors import (
     BatchSizeError, DetachedError, FrozenOptionsError, InvalidArgumentError, OptionsError, TraceError,
 )
 
-from tests.poptorch.test_training import MLP, eager_steps, make_data
+from tests.poptorch_frontend.test_training import MLP, eager_steps, make_data
 
 TOL = dict(rtol=1e-5, atol=1e-6)
 
@@ -273,7 +273,7 @@ def test_replication_factor_is_validated():
     with pytest.raises(OptionsError):
         Options().replicationFactor(0)
     training = ipuxl.trainingModel(MLP(), Options().replicationFactor(2))
-    training(*make_data(4))  # two replicas of 2 samples each (see tests/poptorch/test_replication.py)
+    training(*make_data(4))  # two replicas of 2 samples each (see tests/poptorch_frontend/test_replication.py)
     with pytest.raises(BatchSizeError, match="replicationFactor 2"):
         training(*make_data(3))
 

@@ -1,4 +1,4 @@
-"""popxl.addons' transforms: ``autodiff`` and ``autodiff_with_accumulation``."""
+"""popxl.addons' autodiff transforms: ``autodiff`` and ``autodiff_with_accumulation``."""
 from __future__ import annotations
 
 from functools import partial
@@ -26,8 +26,12 @@ def autodiff(graph: GraphWithNamedArgs, grads_provided: Iterable[Tensor] | None 
     """The gradient graph of ``graph``, wrapped with its ``grad_graph_info``.
 
     See ``ipuxl.transforms.autodiff``: the forward graph gains outputs for the
-    activations the gradient graph needs.
+    activations the gradient graph needs. A graph made by a Module that implements
+    ``build_grad`` gets that hand-written gradient instead (``Module.create_grad_graph``).
     """
+    module = graph.from_module
+    if module is not None and module.implements_grad_graph:
+        return module.create_grad_graph(graph, grads_provided, grads_required)
     info = transforms.autodiff(graph.graph, grads_provided=grads_provided, grads_required=grads_required)
     return GraphWithNamedArgs.from_grad_graph(info)
 

@@ -1,0 +1,114 @@
+"""Which ipuxl module stands for each module of PopXL, popxl.addons and PopTorch.
+
+Three tables, one per upstream package, map an upstream module path to the ipuxl
+module that provides its names (``None``: upstream has the module, ipuxl does not
+yet). A ``popxl`` or ``popxl_addons`` path missing from its table maps by name
+(``popxl.X`` -> ``ipuxl.X``, ``popxl_addons.X`` -> ``ipuxl.addons_compat.X``);
+``poptorch`` shares the ``ipuxl`` namespace with ``popxl``, so only its listed
+paths exist. ``popxl.ops.<file>`` (PopXL has one file per op) maps to the ipuxl
+module that defines the op named in ``OP_FILES``, found when imported.
+"""
+from __future__ import annotations
+
+__all__ = ["POPXL", "POPXL_ADDONS", "POPTORCH", "OP_FILES", "ROOTS"]
+
+#: upstream top-level package -> the ipuxl module it is
+ROOTS: dict[str, str] = {"popxl": "ipuxl", "popxl_addons": "ipuxl.addons_compat", "poptorch": "ipuxl"}
+
+POPXL: dict[str, str | None] = {
+    "popxl.context": "ipuxl.ir.context",
+    "popxl.dtypes": "ipuxl.dtypes",
+    "popxl.errors": "ipuxl.errors",
+    "popxl.graph": "ipuxl.ir.graph",
+    "popxl.ir": "ipuxl.ir",
+    "popxl.module": "ipuxl.ir.graph_builder",
+    "popxl.random_seed": "ipuxl.ops.random",
+    "popxl.replica_grouping": "ipuxl.ir.replica_grouping",
+    "popxl.session": "ipuxl.device.session",
+    "popxl.streams": "ipuxl.ir.streams",
+    "popxl.tensor": "ipuxl.tensor",
+    "popxl.utils": "ipuxl.utils",
+    "popxl.transforms": "ipuxl.transforms",
+    "popxl.transforms.autodiff": "ipuxl.transforms",
+    "popxl.ops": "ipuxl.ops",
+    "popxl.ops.collectives": "ipuxl.ops.collectives",
+    "popxl.ops.collectives.collectives": "ipuxl.ops.collectives",
+    "popxl.ops.collectives.all_reduce": "ipuxl.ops.collectives",
+    "popxl.ops.collectives.replicated_all_gather": "ipuxl.ops.collectives",
+    "popxl.ops.collectives.replicated_all_reduce": "ipuxl.ops.collectives",
+    "popxl.ops.collectives.replicated_reduce_scatter": "ipuxl.ops.collectives",
+    "popxl.ops.var_updates": "ipuxl.ops.var_updates",
+    "popxl.ops.var_updates.accumulate": "ipuxl.ops.var_updates",
+    "popxl.ops.var_updates.adam_updater": "ipuxl.ops.var_updates",
+    "popxl.ops.var_updates.adam_var_update": "ipuxl.ops.var_updates",
+    "popxl.ops.var_updates.copy_var_update": "ipuxl.ops.var_updates",
+    "popxl.ops.var_updates.utils": "ipuxl.ops.var_updates",
+    "popxl.ops.utils": None,
+    "popxl.fp8_utils": None,
+    "popxl.remote_buffer": None,
+    "popxl.tensorlocation": None,
+    "popxl.transforms.merge_exchange": None,
+    "popxl.transforms.decompose_sum": None,
+}
+
+#: PopXL's op files (``popxl/ops/<file>.py``) -> an op each defines
+OP_FILES: dict[str, str] = {
+    "abs": "abs", "add": "add", "argminmax": "argmax", "batch_norm": "batch_norm_inference", "call": "call",
+    "cast": "cast", "ceil": "ceil", "clip": "clip", "code_copy": "remote_code_load", "concat": "concat",
+    "conditional": "conditional", "conv": "conv", "cos": "cos", "cumsum": "cumsum", "detach": "detach",
+    "div": "div", "dropout": "dropout", "dynamic_slice": "dynamic_slice", "dynamic_update": "dynamic_update",
+    "equal": "equal", "exp": "exp", "floor": "floor", "fmod": "fmod", "gather": "gather", "gelu": "gelu",
+    "geluerf": "geluerf", "greater": "greater", "group_norm": "group_norm", "histogram": "histogram",
+    "host_load": "host_load", "host_store": "host_store", "identity": "identity", "increment_mod": "increment_mod",
+    "init": "init", "interpolate": "interpolate", "io_tile_copy": "io_tile_copy", "ipu_copy": "ipu_copy",
+    "isfinite": "isfinite", "isinf": "isinf", "isnan": "isnan", "l1": "l1", "l2": "l2", "lamb": "lamb_square",
+    "log": "log", "logical_and": "logical_and", "logical_not": "logical_not", "logical_or": "logical_or",
+    "logsum": "logsum", "logsumexp": "logsumexp", "matmul": "matmul", "max": "max", "mean": "mean",
+    "median": "median", "min": "min", "mul": "mul", "negate": "negate", "negative_log_likelihood": "nll_loss",
+    "onehot": "onehot", "pool": "max_pool", "pow": "pow", "print_tensor": "print_tensor", "prod": "prod",
+    "random": "random_normal", "random_seed": "split_random_seed", "relu": "relu", "remote_load": "remote_load",
+    "remote_store": "remote_store", "repeat": "repeat", "reshape": "reshape", "roialign": "roi_align",
+    "scaled_add": "scaled_add", "scatter": "scatter", "scatter_reduce": "scatter_reduce",
+    "shaped_dropout": "shaped_dropout", "sign": "sign", "sin": "sin", "slice": "slice", "softmax": "softmax",
+    "split": "split", "sqrt": "sqrt", "squeeze": "squeeze", "sub": "sub", "subsample": "subsample", "sum": "sum",
+    "sumsquare": "sumsquare", "swish": "swish", "tanh": "tanh", "topk": "topk", "transpose": "transpose",
+    "where": "where",
+}
+
+POPXL_ADDONS: dict[str, str | None] = {
+    "popxl_addons.layers": "ipuxl.addons_compat.layers",
+    "popxl_addons.layers.linear": "ipuxl.addons_compat.layers",
+    "popxl_addons.layers.layer_norm": "ipuxl.addons_compat.layers",
+    "popxl_addons.layers.embedding": "ipuxl.addons_compat.layers",
+    "popxl_addons.layers.conv": "ipuxl.addons_compat.layers",
+    "popxl_addons.layers.group_norm": "ipuxl.addons_compat.layers",
+    "popxl_addons.layers.layer_norm_distributed": None,
+    "popxl_addons.layers.linear_fp8": None,
+    "popxl_addons.layers.linear_gq": None,
+    "popxl_addons.ops.cross_entropy": "ipuxl.addons_compat.ops",
+    "popxl_addons.debugging": None,
+    "popxl_addons.graph_common": None,
+    "popxl_addons.input_factory": None,
+    "popxl_addons.remote": None,
+    "popxl_addons.route_tensor": None,
+    "popxl_addons.rts": None,
+    "popxl_addons.transforms.available_memory_proportion": None,
+    "popxl_addons.transforms.batch_serialisation": None,
+    "popxl_addons.transforms.phased": None,
+    "popxl_addons.transforms.pipelining": None,
+    "popxl_addons.transforms.use_fc_pass": None,
+}
+
+POPTORCH: dict[str, str | None] = {
+    "poptorch.optim": "ipuxl.optim",
+    "poptorch.options": "ipuxl.poptorch_compat.options",
+    "poptorch.enums": None,
+    "poptorch.autocasting": None,
+    "poptorch.distributed": None,
+    "poptorch.eager": None,
+    "poptorch.experimental": None,
+    "poptorch.logging": None,
+    "poptorch.ops": None,
+    "poptorch.profiling": None,
+    "poptorch.testing": None,
+}

@@ -1,0 +1,47 @@
+"""Ops that create or show tensors outside any computation: ``init`` and ``print_tensor``."""
+from __future__ import annotations
+
+from typing import Any, Iterable, Literal
+
+import torch
+
+from ipuxl.dtypes import from_any
+from ipuxl.errors import InvalidValueError
+from ipuxl.ir.build import emit
+from ipuxl.ir.context import user_source_line
+from ipuxl.ir.tensor import Tensor
+from ipuxl.kernels import debug as kernels
+
+__all__ = ["init", "print_tensor"]
+
+
+def _init(shape: list[int], dtype: torch.dtype, zero: bool) -> torch.Tensor:
+    return torch.zeros(shape, dtype=dtype) if zero else torch.empty(shape, dtype=dtype)
+
+
+def init(shape: Iterable[int], dtype: Any, name: str | None = None,
+         init_type: Literal["zero", "undef"] = "zero") -> Tensor:
+    """A new tensor of zeros (``"zero"``) or of undefined values (``"undef"``), in any graph.
+
+    Unlike a variable it is not stored between runs: the op makes it each time it runs.
+    """
+    if init_type not in ("zero", "undef"):
+        raise InvalidValueError(f"op 'init': unknown init_type {init_type!r}", where=user_source_line(),
+                                fix="use 'zero' or 'undef'")
+    dims, torch_dtype = [int(d) for d in shape], from_any(dtype)
+    return emit("init", _init, (dims, torch_dtype, init_type == "zero"), name=name,
+                meta_fn=lambda *_: torch.empty(dims, dtype=torch_dtype, device="meta"))
+
+
+def print_tensor(t: Tensor, title: str | None = None, print_self: bool = True,
+                 print_gradient: bool = False) -> Tensor:
+    """Print ``t`` when the op runs, as ``title: values (shape, dtype)``; returns a copy of ``t``.
+
+    As in PopXL, use the returned tensor (an op whose result nothing reads may be
+    removed). ``print_gradient`` also prints the gradient reaching ``t`` when the
+    grad graph of ``transforms.autodiff`` runs, titled ``"<title> gradient"``.
+    Default title: ``print<name of t>``.
+    """
+    title = title if title is not None else f"print{t.name}"
+    return emit("print_tensor", kernels.print_tensor, (t, title, bool(print_self), bool(print_gradient)),
+                meta_fn=lambda x, *_: torch.empty_like(x))
