@@ -4,7 +4,10 @@ How ipuxl runs it: the two branches are called from one *select graph*
 ``(cond, then inputs..., else inputs...) -> where(cond, then outputs, else outputs)``
 (built once per pair of branches), which the parent calls like any graph. Both branches
 are computed and the outputs of the one ``cond`` picks are kept; values and gradients
-(``transforms.autodiff`` differentiates the select graph) are PopXL's.
+(``transforms.autodiff`` differentiates the select graph) are PopXL's: each branch's
+float inputs pass a gate whose gradient is selected, not multiplied, so a NaN or inf
+in the gradient of the branch not taken (``sqrt`` of a negative input, say) never
+reaches the inputs.
 
 Differs from PopXL: since both branches run, a branch must have no effect beyond its
 outputs. Branches with host transfers, ``print_tensor``, inputs passed by reference or
@@ -26,7 +29,7 @@ from ipuxl.ir.meta import BY_REF, COLLECTIVE_OPS, OP, ROLE, SOURCE, Role
 from ipuxl.ir.tensor import Tensor, TensorSpec
 from ipuxl.ops.call import CallSiteInfo, call, call_with_info
 from ipuxl.ops.elementwise import where
-from ipuxl.ops.shape import reshape
+from ipuxl.ops.shape import detach, reshape
 
 __all__ = ["conditional", "conditional_with_info", "ConditionalSiteInfo"]
 
@@ -200,13 +203,21 @@ def _select_graph(then_branch: Graph, else_branch: Graph, cond_spec: TensorSpec)
 
         def conditional_select(cond: Tensor, *xs: Tensor) -> tuple[Tensor, ...]:
             flag = reshape(cond, ()) if cond.shape != () else cond
-            outs_then = call(then_branch, *xs[:n_then])
-            outs_else = call(else_branch, *xs[n_then:])
+            outs_then = call(then_branch, *(_gate(flag, x, True) for x in xs[:n_then]))
+            outs_else = call(else_branch, *(_gate(flag, x, False) for x in xs[n_then:]))
             return tuple(where(flag, a, b) for a, b in zip(outs_then, outs_else))
 
         specs = [t.spec for t in (*then_branch.inputs, *else_branch.inputs)]
         cache[key] = then_branch.ir.create_graph(conditional_select, cond_spec, *specs)
     return cache[key]
+
+
+def _gate(flag: Tensor, x: Tensor, taken_when: bool) -> Tensor:
+    """``x`` itself, whose gradient is zero unless ``flag == taken_when``: ``where`` selects
+    (never multiplies), so a NaN or inf gradient from the branch not taken cannot leak."""
+    if not x.dtype.is_floating_point:
+        return x
+    return where(flag, x, detach(x)) if taken_when else where(flag, detach(x), x)
 
 
 def _bind(select: Graph, offset: int, branch: Graph, inputs: Iterable[Any] | None,

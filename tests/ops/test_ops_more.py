@@ -802,6 +802,25 @@ def test_conditional_values_and_gradients(flag):
     check_op(build, _conditional_ref, [(2, 3), (2, 3), np.array([flag], np.int32)])
 
 
+@pytest.mark.parametrize("flag", [1, -1], ids=["then", "else"])
+def test_conditional_gradient_ignores_the_branch_not_taken(flag):
+    """On negative x, sqrt's gradient is NaN: a branch that is not taken must not leak it
+    (PopXL runs one branch; eager picks with Python's ``if``)."""
+    def build(x, c):
+        spec = ipuxl.TensorSpec((2, 3), ipuxl.float64)
+        ir = ipuxl.gcg().ir
+        sqrt_branch = ir.create_graph(lambda v: ops.sqrt(v) * 2.0, spec)
+        negate_branch = ir.create_graph(lambda v: v * -3.0, spec)
+        return ops.conditional(ops.greater(c, 0), sqrt_branch, negate_branch, [x], [x])
+
+    def reference(x, c):
+        return torch.sqrt(x) * 2.0 if flag > 0 else x * -3.0
+
+    low, high = (0.5, 2.0) if flag > 0 else (-2.0, -0.5)  # the branch taken sees valid data only
+    got = check_op(build, reference, [(2, 3), np.array([flag], np.int32)], low=low, high=high)
+    assert np.isfinite(np.asarray(got["grad"][0])).all()
+
+
 def test_conditional_with_info_maps_both_branches():
     ir = ipuxl.Ir()
     with ir.main_graph:
