@@ -9,13 +9,20 @@ float inputs pass a gate whose gradient is selected, not multiplied, so a NaN or
 in the gradient of the branch not taken (``sqrt`` of a negative input, say) never
 reaches the inputs.
 
-Differs from PopXL: since both branches run, a branch must have no effect beyond its
-outputs. Branches with host transfers, ``print_tensor``, inputs passed by reference or
-collectives are refused with an ``InvalidValueError`` (a ValueError);
-in-place writes to a branch's own inputs are fine (calls pass inputs by value).
+Inputs a branch takes by reference (``TensorByRef``) are changed only by the branch
+taken: each branch writes a copy, then each by-reference input takes its branch's
+copy where that branch is taken and its own current value elsewhere. The write-backs
+run in order, each reading the tensor after the previous one wrote it, so one tensor
+passed by reference to both branches ends with exactly the taken branch's writes. Collectives in a branch run on
+every replica whichever branch it takes (their values are kept only where taken).
+
+Differs from PopXL: since both branches run, a branch must not transfer host data
+(the number of transfers per run would depend on data) or print: those are refused
+with an ``InvalidValueError`` (a ValueError).
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any, Iterable, Mapping
 
@@ -23,18 +30,20 @@ import torch
 
 from ipuxl.errors import CallIndexError, CallInputError, InvalidValueError
 from ipuxl.ir import context
+from ipuxl.ir.context import in_sequence
 from ipuxl.ir.calls import reachable_from
 from ipuxl.ir.graph import Graph
-from ipuxl.ir.meta import BY_REF, COLLECTIVE_OPS, OP, ROLE, SOURCE, Role
-from ipuxl.ir.tensor import Tensor, TensorSpec
+from ipuxl.ir.meta import BY_REF, OP, ROLE, SOURCE, Role
+from ipuxl.ir.tensor import Tensor, TensorByRef, TensorSpec
 from ipuxl.ops.call import CallSiteInfo, call, call_with_info
 from ipuxl.ops.elementwise import where
-from ipuxl.ops.shape import detach, reshape
+from ipuxl.ops.shape import detach, identity, reshape
+from ipuxl.ops.var_updates import copy_var_update_
 
 __all__ = ["conditional", "conditional_with_info", "ConditionalSiteInfo"]
 
 _SIDE_EFFECT_OPS = {"host_load": "a host transfer (host_load)", "host_store": "a host transfer (host_store)",
-                    "print_tensor": "print_tensor", **{op: f"a collective ({op})" for op in COLLECTIVE_OPS}}
+                    "print_tensor": "print_tensor"}
 _SELECT_GRAPHS: "weakref.WeakKeyDictionary[Graph, dict[tuple[int, tuple[int, ...]], Graph]]" = (
     weakref.WeakKeyDictionary())  # then branch -> (id(else branch), cond shape) -> select graph
 
@@ -183,15 +192,13 @@ def _check_side_effects(branch: Graph) -> None:
             effect = _SIDE_EFFECT_OPS.get(node.meta.get(OP, ""))
             if node.meta.get(ROLE) in Role.STREAMS:
                 effect = "a host transfer"
-            elif node.op == "placeholder" and node.meta.get(BY_REF):
-                effect = f"input '{node.name}' passed by reference"
             if effect:
                 raise InvalidValueError(
                     f"conditional: branch '{branch.name}' contains {effect} (in graph '{graph.name}'); ipuxl "
-                    "computes both branches and keeps one's outputs, so a branch may have no effect beyond "
-                    "its outputs", where=node.meta.get(SOURCE) or context.user_source_line(),
-                    fix="move host transfers, prints, collectives and by-reference updates out of the branches: "
-                        "apply them to the conditional's outputs")
+                    "computes both branches and keeps one's results, so a branch may not transfer host data "
+                    "or print", where=node.meta.get(SOURCE) or context.user_source_line(),
+                    fix="move host transfers and prints out of the branches: apply them to the conditional's "
+                        "outputs")
 
 
 def _select_graph(then_branch: Graph, else_branch: Graph, cond_spec: TensorSpec) -> Graph:
@@ -201,15 +208,41 @@ def _select_graph(then_branch: Graph, else_branch: Graph, cond_spec: TensorSpec)
     if key not in cache:
         n_then = len(then_branch.inputs)
 
-        def conditional_select(cond: Tensor, *xs: Tensor) -> tuple[Tensor, ...]:
-            flag = reshape(cond, ()) if cond.shape != () else cond
-            outs_then = call(then_branch, *(_gate(flag, x, True) for x in xs[:n_then]))
-            outs_else = call(else_branch, *(_gate(flag, x, False) for x in xs[n_then:]))
-            return tuple(where(flag, a, b) for a, b in zip(outs_then, outs_else))
+        writes = any(_by_ref(t) for t in (*then_branch.inputs, *else_branch.inputs))
 
-        specs = [t.spec for t in (*then_branch.inputs, *else_branch.inputs)]
+        def conditional_select(cond: Tensor, *xs: Tensor) -> tuple[Tensor, ...]:
+            # With by-reference inputs, in program order: the copies before any write-back, and each
+            # write-back's read after the previous write (a tensor given to both branches by reference).
+            with in_sequence() if writes else contextlib.nullcontext():
+                flag = reshape(cond, ()) if cond.shape != () else cond
+                then_args = _branch_args(flag, then_branch, xs[:n_then], True)
+                else_args = _branch_args(flag, else_branch, xs[n_then:], False)
+                outs_then = call(then_branch, *then_args)
+                outs_else = call(else_branch, *else_args)
+                _write_back(flag, then_branch, xs[:n_then], then_args, True)
+                _write_back(flag, else_branch, xs[n_then:], else_args, False)
+                return tuple(where(flag, a, b) for a, b in zip(outs_then, outs_else))
+
+        specs = [TensorByRef(t.spec) if _by_ref(t) else t.spec for t in (*then_branch.inputs, *else_branch.inputs)]
         cache[key] = then_branch.ir.create_graph(conditional_select, cond_spec, *specs)
     return cache[key]
+
+
+def _by_ref(t: Tensor) -> bool:
+    return bool(t.node.meta.get(BY_REF))
+
+
+def _branch_args(flag: Tensor, branch: Graph, xs: tuple[Tensor, ...], taken_when: bool) -> list[Tensor]:
+    """What the select graph passes to ``branch``: a copy of each by-reference input (the
+    branch writes the copy), each other input through the gradient gate."""
+    return [identity(x) if _by_ref(t) else _gate(flag, x, taken_when) for t, x in zip(branch.inputs, xs)]
+
+
+def _write_back(flag: Tensor, branch: Graph, xs: tuple[Tensor, ...], args: list[Tensor], taken_when: bool) -> None:
+    """Give each by-reference input of ``branch`` the branch's copy where the branch is taken."""
+    for t, x, written in zip(branch.inputs, xs, args):
+        if _by_ref(t):
+            copy_var_update_(x, where(flag, written, x) if taken_when else where(flag, x, written))
 
 
 def _gate(flag: Tensor, x: Tensor, taken_when: bool) -> Tensor:

@@ -858,6 +858,44 @@ def test_conditional_in_main_graph_picks_at_run_time():
     np.testing.assert_allclose(got["else"], np.sin(x0) - 1.0)
 
 
+@pytest.mark.parametrize("flag", [1, 0], ids=["then", "else"])
+def test_conditional_by_reference_inputs_are_written_by_the_taken_branch_only(flag):
+    """A conditional update, as PopXL runs it: w and v are passed by reference to both
+    branches, each branch writes them differently; only the taken branch's writes stay,
+    and its outputs are the conditional's."""
+    w0, v0, d0 = randn((2, 3), seed=1), randn((2, 3), seed=2), randn((2, 3), seed=3)
+
+    def build(ir, load):
+        spec = ipuxl.TensorSpec((2, 3), ipuxl.float64)
+        w = ipuxl.variable(w0, ipuxl.float64, name="w")
+        v = ipuxl.variable(v0, ipuxl.float64, name="v")
+
+        def step(w: ipuxl.TensorByRef, v: ipuxl.TensorByRef, d):  # w += d, v *= 2
+            ops.scaled_add_(w, d)
+            ops.var_updates.copy_var_update_(v, v * 2.0)
+            return w + v
+
+        def skip(w: ipuxl.TensorByRef, v: ipuxl.TensorByRef):  # v = -v, w untouched
+            ops.var_updates.copy_var_update_(v, -v)
+            return w - v
+
+        then_branch = ir.create_graph(step, spec, spec, spec)
+        else_branch = ir.create_graph(skip, spec, spec)
+        (out,) = ops.conditional(ops.greater(load("flag"), 0), then_branch, else_branch, [w, v, load("d")], [w, v])
+        return {"w": w, "v": v, "out": out}
+
+    got = run_main(build, {"flag": np.array(flag, np.int32), "d": d0})
+    w, v = torch.tensor(w0), torch.tensor(v0)
+    if flag:
+        w, v = w + torch.tensor(d0), v * 2.0
+        out = w + v
+    else:
+        v = -v
+        out = w - v
+    for key, expected in (("w", w), ("v", v), ("out", out)):
+        torch.testing.assert_close(torch.from_numpy(np.asarray(got[key])), expected, msg=key)
+
+
 def test_conditional_errors():
     ir = ipuxl.Ir()
     with ir.main_graph:

@@ -314,3 +314,22 @@ def test_collective_kernels_meet_through_the_exchange_the_device_installs():
         assert_close(kernels.all_reduce(x, "add", 1, 4), x * 10)
         assert_close(kernels.all_gather(x, 0, "new_axis", 2, 2), torch.stack([x, x * 3]))  # group [0, 2]
     assert kernels.current_replica() == (None, 0)
+
+
+@pytest.mark.parametrize("flag", [True, False], ids=["then", "else"])
+def test_a_collective_inside_a_conditional_branch(flag):
+    """ops.conditional runs both branches on every replica, so a collective in a branch
+    is matched on all replicas; the output is the taken branch's (sum over replicas or
+    the replica's own data doubled)."""
+    data = np.random.default_rng(5).uniform(0.5, 1.5, (4, 2, 3)).astype(np.float32)
+
+    def build(ir, x):
+        spec = ipuxl.TensorSpec((2, 3), F32)
+        summed = ir.create_graph(lambda t: ops.collectives.replicated_all_reduce(t, "add"), spec)
+        doubled = ir.create_graph(lambda t: t * 2.0, spec)
+        cond = ipuxl.constant(np.array(flag), name="cond")
+        return ops.conditional(cond, summed, doubled, [x], [x])[0]
+
+    got = _run(4, build, data)
+    expected = np.broadcast_to(data.sum(0), data.shape) if flag else data * 2.0
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
