@@ -100,6 +100,7 @@ def _worker_train(out: Path) -> None:
 
     _worker_bad_world(out)  # first, R=3 over these 2 processes must be refused
     _worker_single_replica_and_rank_only_reads(out)
+    _worker_popdist(out)
     for replicas in TRAIN_REPLICAS:
         result = train_mlp(replicas, local_data_only=replicas == 4)
         np.savez(out / f"r{replicas}_rank{world()[1]}.npz", **result)
@@ -139,6 +140,24 @@ def _worker_lost_rank(out: Path, how: str) -> None:
         report.write_text(f"OTHER {type(exc).__name__}\n{exc}\n")
     sys.stdout.flush()
     os._exit(0)  # do not wait in the process group's teardown for the lost peer
+
+
+def _worker_popdist(out: Path) -> None:
+    """``Ir(replication="popdist")``: one replica per process of torchrun's world; a sum
+    over the replicas sees every process's data."""
+    import ipuxl
+    import ipuxl.ops as ops
+    from ipuxl.device.replicas import world
+
+    rank = world()[1]
+    ir = ipuxl.Ir(replication="popdist")
+    with ir.main_graph:
+        x_stream = ipuxl.h2d_stream((3,), ipuxl.float32, "x")
+        y_stream = ipuxl.d2h_stream((3,), ipuxl.float32, "y")
+        ops.host_store(y_stream, ops.collectives.replicated_all_reduce(ops.host_load(x_stream), "add"))
+    with ipuxl.Session(ir, "cpu") as session:
+        summed = session.run({x_stream: np.full(3, rank + 1, np.float32)})[y_stream]  # this process's replica
+    np.savez(out / f"popdist_rank{rank}.npz", replicas=ir.replication_factor, summed=summed)
 
 
 def _worker_single_replica_and_rank_only_reads(out: Path) -> None:
@@ -265,6 +284,14 @@ def test_two_processes_give_the_in_process_weights_bit_for_bit(torchrun_out, rep
             assert sorted(got.files) == sorted(expected)
             for name, value in expected.items():
                 np.testing.assert_array_equal(got[name], value, err_msg=f"{name}, rank {rank}, R={replicas}")
+
+
+def test_ir_popdist_has_one_replica_per_torchrun_process(torchrun_out):
+    for rank in (0, 1):
+        with np.load(torchrun_out / f"popdist_rank{rank}.npz") as got:
+            assert int(got["replicas"]) == 2
+            # every replica's output comes back to every process: both hold rank 0's 1 + rank 1's 2
+            np.testing.assert_array_equal(got["summed"], np.full((2, 3), 1.0 + 2.0, np.float32))
 
 
 def test_replicas_apply_the_mean_gradient():
