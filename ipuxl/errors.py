@@ -15,6 +15,8 @@ __all__ = [
     "InvalidArgumentError",
     "NameConflictError",
     "TraceError",
+    "OpArgumentError",
+    "OpContextError",
     "PassError",
     "AutodiffError",
     "OutlineError",
@@ -39,6 +41,13 @@ __all__ = [
     "WrongGraphError",
     "CallIndexError",
     "UnsupportedError",
+    "PoptorchError",
+    "Error",
+    "RecoverableError",
+    "UnrecoverableError",
+    "NoIpuHardwareError",
+    "ConfigFileError",
+    "ExecutorError",
 ]
 
 
@@ -53,6 +62,57 @@ class IpuxlError(Exception):
         if fix:
             parts.append(f"  fix: {fix}")
         super().__init__("\n".join(parts))
+
+
+# -- PopTorch's error classes (poptorch.Error and its two subclasses) --------------
+class PoptorchError(IpuxlError):
+    """PopTorch's ``poptorch.Error``: an error in compiling or running a PopTorch model
+    (upstream's C++ backend errors). ``except poptorch.Error`` catches ipuxl's capture
+    (``TraceError``) and device (``DeviceError``) errors, as it catches PopTorch's.
+
+    Attributes (upstream's, all strings):
+        type: the part of the stack and category that raised it.
+        message: the error message without its context.
+        location: where it was raised (the user's source line when known, else "").
+    """
+
+    type: str = "poptorch_py_error"
+
+    def __init__(self, what: str, *, where: str | None = None, fix: str | None = None):
+        super().__init__(what, where=where, fix=fix)
+        self.message, self.location = what, where or ""
+
+
+#: PopTorch's name for :class:`PoptorchError` (``poptorch.Error``)
+Error = PoptorchError
+
+
+class RecoverableError(PoptorchError):
+    """PopTorch's ``poptorch.RecoverableError``: a transient device failure; its
+    ``recovery_action`` is ``"IPU_RESET"``, ``"PARTITION_RESET"`` or ``"FULL_RESET"``.
+    The simulated device never raises it (no hardware to reset)."""
+
+    type = "poplar_recoverable_runtime_error"
+    RECOVERY_ACTIONS = ("IPU_RESET", "PARTITION_RESET", "FULL_RESET")
+
+    def __init__(self, what: str, *, recovery_action: str, where: str | None = None, fix: str | None = None):
+        if recovery_action not in self.RECOVERY_ACTIONS:
+            raise InvalidValueError(f"RecoverableError: recovery_action must be one of {self.RECOVERY_ACTIONS}, "
+                                    f"got {recovery_action!r}", fix="pass one of those strings")
+        super().__init__(what, where=where, fix=fix)
+        self.recovery_action = recovery_action
+
+
+class UnrecoverableError(PoptorchError):
+    """PopTorch's ``poptorch.UnrecoverableError``: a device failure that persists (take
+    the machine out of service). The simulated device never raises it."""
+
+    type = "poplar_unrecoverable_runtime_error"
+
+
+class NoIpuHardwareError(IpuxlError, AssertionError):
+    """``poptorch.ipuHardwareVersion()`` without IPU hardware (PopTorch fails an assert,
+    an AssertionError): ipuxl's device is always simulated."""
 
 
 # -- capture: building graphs ---------------------------------------------------
@@ -91,9 +151,21 @@ class CallInputError(CaptureError, ValueError):
     given twice, or not inputs of that graph (PopXL raises a ValueError)."""
 
 
-class TraceError(CaptureError, RuntimeError):
+class TraceError(CaptureError, PoptorchError, RuntimeError):
     """An ``nn.Module`` could not be traced into a graph (data-dependent control flow,
-    ``.item()``, an op without a tracing rule, a model without a loss...)."""
+    ``.item()``, an op without a tracing rule, a model without a loss...); a
+    ``poptorch.Error``, as PopTorch's compile-time errors are."""
+
+
+class OpArgumentError(TraceError, ValueError, AssertionError):
+    """A PopTorch op (``poptorch.for_loop``, ``dynamic_slice``, ``MultiConv``...) was given an
+    argument it cannot take. PopTorch raises a ValueError, an AssertionError or a
+    ``poptorch.Error`` for these; this is all three (and a ``TraceError``)."""
+
+
+class OpContextError(TraceError):
+    """A PopTorch op was used where it cannot run: ``poptorch.cond`` differentiated in
+    training, a ``poptorch.CPU`` op whose inputs carry gradients, a PopART (C++) custom op."""
 
 
 class CallIndexError(CaptureError, IndexError):
@@ -135,8 +207,9 @@ class InplaceOrderError(PassError, RuntimeError):
 
 
 # -- device -----------------------------------------------------------------------
-class DeviceError(IpuxlError, RuntimeError):
-    """The simulated device could not run the program.
+class DeviceError(PoptorchError, RuntimeError):
+    """The simulated device could not run the program (a ``poptorch.Error``, as PopTorch's
+    Poplar runtime errors are).
 
     A failure inside the device program (``Session.run``) also carries where it
     happened; the other raisers leave these ``None``:
@@ -148,6 +221,8 @@ class DeviceError(IpuxlError, RuntimeError):
         failed_op: the op that raised (its PopXL or aten name), when found.
         source: the user's ``file:line in function`` that built that op, when known.
     """
+
+    type = "poplar_runtime_error"
 
     def __init__(self, what: str, *, where: str | None = None, fix: str | None = None,
                  steps_applied: int | None = None, step: int | None = None, failed_op: str | None = None,
@@ -164,6 +239,12 @@ class DetachedError(DeviceError):
     """The session was used while not attached to its device."""
 
 
+class ExecutorError(PoptorchError, RuntimeError):
+    """A ``PoplarExecutor`` method or PopTorch function was used where it cannot work: the
+    model is not compiled, a file is not an ipuxl executable, a hook is not callable
+    (PopTorch raises ``poptorch.Error`` or a ``RuntimeError`` there)."""
+
+
 class BatchSizeError(StreamInputError):
     """A PopTorch-style batch does not split into micro-batches x device iterations
     x gradient accumulation x replicas."""
@@ -178,6 +259,8 @@ class OutOfMemoryError(DeviceError, MemoryError):
     """The program does not fit in the memory of one IPU (``"ipu_model"`` device): the
     message has the breakdown (variables, code, peak activations, stream buffers)."""
 
+    type = "poplar_graph_memory_allocation_error"
+
 
 # -- replication ------------------------------------------------------------------
 class ReplicationError(IpuxlError, ValueError):
@@ -186,8 +269,14 @@ class ReplicationError(IpuxlError, ValueError):
 
 
 # -- options ------------------------------------------------------------------------
-class OptionsError(IpuxlError, ValueError):
-    """A PopTorch-style ``Options`` value is invalid."""
+class OptionsError(IpuxlError, ValueError, AssertionError):
+    """A PopTorch-style ``Options`` value is invalid (PopTorch raises a ValueError for some
+    setters and fails an assert, an AssertionError, for others: this is both)."""
+
+
+class ConfigFileError(OptionsError):
+    """``Options.loadFromFile``: a line of the options file is not valid Python
+    (PopTorch's ``poptorch.ConfigFileError``)."""
 
 
 class FrozenOptionsError(OptionsError, AttributeError):

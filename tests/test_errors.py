@@ -56,6 +56,15 @@ HIERARCHY = [
     (errors.UnsupportedError, IpuxlError, (NotImplementedError, RuntimeError)),
     (errors.CheckpointError, IpuxlError, (ValueError,)),
     (errors.CompatImportError, IpuxlError, (ModuleNotFoundError, ImportError)),
+    # PopTorch's error classes (``poptorch.Error`` is ``PoptorchError``)
+    (errors.PoptorchError, IpuxlError, ()),
+    (errors.RecoverableError, errors.PoptorchError, ()),
+    (errors.UnrecoverableError, errors.PoptorchError, ()),
+    (errors.ExecutorError, errors.PoptorchError, (RuntimeError,)),
+    (errors.NoIpuHardwareError, IpuxlError, (AssertionError,)),
+    (errors.ConfigFileError, OptionsError, (ValueError, AssertionError)),
+    (errors.OpArgumentError, TraceError, (ValueError, AssertionError, RuntimeError)),
+    (errors.OpContextError, TraceError, (RuntimeError,)),
 ]
 
 

@@ -26,6 +26,7 @@ UPPER = ("ipuxl.capture", "ipuxl.passes", "ipuxl.device", "ipuxl.transforms", *F
 
 # Private attributes of torch and Python that ipuxl reads on purpose (no public API exists).
 FOREIGN_PRIVATES = {
+    "_standard_gamma", "_standard_gamma_grad", "_sample_dirichlet", "_dirichlet_grad",  # torch.distributions' samplers
     "_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
     "_backward_pre_hooks", "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
     "_load_state_dict_post_hooks", "_non_persistent_buffers_set", "_version", "_base", "_schema", "_ops",

@@ -14,7 +14,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch.utils import _pytree as pytree
 
-from ipuxl.errors import TraceError
+from ipuxl.capture.failures import error_class
 from ipuxl.ir.context import user_source_line
 
 __all__ = ["FlatCall", "flatten_call", "input_names", "static_key", "forward_source"]
@@ -49,14 +49,15 @@ def flatten_call(module: torch.nn.Module, forward: Callable, args: tuple, kwargs
     """Bind a call of ``forward`` (a method of ``module``) and flatten its arguments.
 
     Raises:
-        TraceError: the arguments do not fit ``forward``'s signature.
+        TraceError: the arguments do not fit ``forward``'s signature (also a ``TypeError``,
+            as eager PyTorch raises).
     """
     try:
         bound = inspect.signature(forward).bind(*args, **dict(kwargs or {}))
     except TypeError as exc:
         name = type(module).__name__
-        raise TraceError(f"cannot call {name}.forward with the given inputs: {exc}", where=user_source_line(),
-                         fix=f"pass the arguments {name}.forward takes") from None
+        raise error_class(TypeError)(f"cannot call {name}.forward with the given inputs: {exc}",
+                                     where=user_source_line(), fix=f"pass the arguments {name}.forward takes") from exc
     leaves, spec = pytree.tree_flatten((tuple(bound.args), dict(bound.kwargs)))
     return FlatCall(bound, leaves, spec, [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)])
 

@@ -97,7 +97,7 @@ def _member(module: torch.nn.Module, dotted: str) -> torch.Tensor:
 
 def _structure(module: torch.nn.Module, memo: dict[torch.nn.Module, Any]) -> Any:
     """What makes two module instances compute the same function of their inputs and
-    state: class, plain attributes, parameter and buffer specs, children (recursively).
+    state: class, training flag, plain attributes, parameter and buffer specs, children (recursively).
     None when that cannot be told (hooks, a per-instance forward, unhashable state)."""
     if module in memo:
         return memo[module]
@@ -116,7 +116,7 @@ def _structure(module: torch.nn.Module, memo: dict[torch.nn.Module, Any]) -> Any
         if key is None and child is not None:
             return None
         children.append((name, key))
-    memo[module] = (type(module), tuple(sorted(attrs, key=repr)), state, tuple(children))
+    memo[module] = (type(module), module.training, tuple(sorted(attrs, key=repr)), state, tuple(children))
     return memo[module]
 
 
@@ -175,7 +175,7 @@ def _block_forward(module: torch.nn.Module, structure: Any, blocks: Blocks) -> C
     return forward
 
 
-def discover_blocks(module: torch.nn.Module, args: tuple, kwargs: dict | None, training: bool,
+def discover_blocks(module: torch.nn.Module, args: tuple, kwargs: dict | None,
                     candidates: Candidates, blocks: Blocks, trace_block: Callable[[NeedBlock], OutlinedBlock | None],
                     ) -> None:
     """Find the kinds of blocks the model runs, and trace each alone (``trace_block``), by
@@ -186,8 +186,6 @@ def discover_blocks(module: torch.nn.Module, args: tuple, kwargs: dict | None, t
 
     state = {name: meta(t) for name, t in [*module.named_parameters(), *module.named_buffers()]}
     meta_args, meta_kwargs = pytree.tree_map(meta, (tuple(args), dict(kwargs or {})))
-    flags = {m: m.training for m in module.modules()}
-    module.train(training)
     try:
         for _ in range(len(candidates) + 1):
             mode = CaptureMode(torch.zeros(SEED_SHAPE, dtype=SEED_DTYPE, device="meta"))
@@ -199,9 +197,6 @@ def discover_blocks(module: torch.nn.Module, args: tuple, kwargs: dict | None, t
                 blocks[need.key] = trace_block(need)
     except Exception:  # noqa: BLE001 - an op without a meta kernel, data-dependent code...: trace instead
         return
-    finally:
-        for m, flag in flags.items():
-            m.training = flag
 
 
 def outline_block(traced: TracedModule, copies: int) -> OutlinedBlock | None:

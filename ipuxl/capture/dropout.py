@@ -2,14 +2,16 @@
 
 While a module is traced, ``F.dropout`` (and ``dropout1d/2d/3d``, and the attention
 dropout of ``F.scaled_dot_product_attention``, which then runs as its math) is
-replaced by a mask from the seeded ``ipuxl::dropout_mask`` op, the k-th dropout of
-the module getting seed ``modify_seed(seed, k)`` (``DropoutMode``). Other random
-ops are refused (``random_op`` finds them): they would draw from torch's global
-generator and not be reproducible under ``Options.randomSeed``.
+replaced by a mask from the seeded ``ipuxl::dropout_mask`` op, and torch's random
+functions (``torch.rand``, ``normal``, ``Tensor.bernoulli_``... see
+``capture.random_ops``) by seeded draws: the k-th draw of the module, dropouts and
+random functions in call order, gets seed ``modify_seed(seed, k)`` (``DropoutMode``).
+An aten random op that reaches a trace some other way is refused (``random_op``
+finds it): it would draw from torch's global generator, not ``Options.randomSeed``.
 
 The seed is a graph input of shape ``SEED_SHAPE`` (two non-negative 31-bit words,
 ``seed_words``); a training step derives one seed per micro-batch from it
-(``step_seeds``). ``DropoutReplay`` runs eager PyTorch with the same masks.
+(``step_seeds``). ``DropoutReplay`` runs eager PyTorch with the same masks and draws.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 import ipuxl.ops.random  # noqa: F401  (registers the ipuxl::* random custom ops)
+from ipuxl.capture import random_ops
 
 __all__ = ["SEED_SHAPE", "SEED_DTYPE", "seed_words", "step_seeds", "DropoutMode", "DropoutReplay", "random_op"]
 
@@ -56,11 +59,14 @@ def step_seeds(seed: torch.Tensor, micro_batches: int) -> tuple[torch.Tensor, li
 
 
 class DropoutMode(TorchFunctionMode):
-    """Runs every dropout with a mask drawn from ``seed`` (see the module docstring).
+    """Runs every dropout and random function with numbers drawn from ``seed`` (see the
+    module docstring); meanwhile ``torch.distributions`` run as a capture can run them
+    (``random_ops.capturable_distributions``).
 
     Attributes:
-        seed: the seed tensor the masks derive from.
-        n_dropouts: dropouts drawn so far; the next one uses ``modify_seed(seed, n_dropouts + 1)``.
+        seed: the seed tensor the masks and draws derive from.
+        n_dropouts: draws (dropouts and random functions) so far; the next one uses
+            ``modify_seed(seed, n_dropouts + 1)``.
     """
 
     def __init__(self, seed: torch.Tensor):
@@ -68,13 +74,24 @@ class DropoutMode(TorchFunctionMode):
         self.seed = seed
         self.n_dropouts = 0
 
+    def __enter__(self) -> "DropoutMode":
+        self._distributions = random_ops.capturable_distributions()
+        self._distributions.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        self._distributions.__exit__(*exc)
+
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         return self.call(func, args, kwargs or {})
 
     def call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
-        """``func(*args, **kwargs)`` with its dropouts seeded."""
+        """``func(*args, **kwargs)`` with its dropouts and random draws seeded."""
         if func in _DROPOUTS:
             return self._dropout(func, args, kwargs)
+        if func in random_ops.RANDOM_FUNCTIONS:
+            return random_ops.draw(func, self.next_seed, args, kwargs)
         if func is F.scaled_dot_product_attention:
             return self._attention(func, args, kwargs)
         if func is F.multi_head_attention_forward:  # its attention dropout is a nested call: route it here
@@ -86,9 +103,15 @@ class DropoutMode(TorchFunctionMode):
                 F.scaled_dot_product_attention = sdpa
         return func(*args, **kwargs)
 
+    def next_seed(self) -> torch.Tensor:
+        """The seed of the next draw: ``modify_seed(seed, k)`` for the k-th draw."""
+        self.n_dropouts += 1
+        return torch.ops.ipuxl.modify_seed(self.seed, self.n_dropouts)
+
     def skip_dropouts(self, count: int) -> torch.Tensor:
-        """The seed of a called block that draws ``count`` dropouts: this mode's seed shifted
-        past the dropouts drawn so far (``ops.random.offset_seed``); its dropouts count as drawn."""
+        """The seed of a called block that makes ``count`` draws (dropouts and random functions):
+        this mode's seed shifted past the draws so far (``ops.random.offset_seed``); its draws
+        count as drawn."""
         seed = torch.ops.ipuxl.offset_seed(self.seed, self.n_dropouts)
         self.n_dropouts += count
         return seed
@@ -126,8 +149,7 @@ class DropoutMode(TorchFunctionMode):
             return x
         if p == 1.0:
             return x * 0.0
-        self.n_dropouts += 1
-        seed = torch.ops.ipuxl.modify_seed(self.seed, self.n_dropouts)
+        seed = self.next_seed()
         feature_dims = _DROPOUTS[func]
         shape = list(x.shape) if feature_dims == 0 else list(x.shape[:-feature_dims]) + [1] * feature_dims
         out = x * torch.ops.ipuxl.dropout_mask(seed, shape, p, x.dtype)
@@ -138,7 +160,8 @@ class DropoutMode(TorchFunctionMode):
 
 
 class DropoutReplay:
-    """Eager PyTorch with the masks a ``trainingModel`` draws, to compare the two step by step.
+    """Eager PyTorch with the masks and random draws a ``trainingModel`` makes, to compare the
+    two step by step (``torch.rand``, ``Tensor.bernoulli_``... draw what the device draws).
 
     Example:
         >>> replay = DropoutReplay(random_seed=42)

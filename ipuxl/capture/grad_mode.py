@@ -35,7 +35,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["GradTracker", "NOT_HANDLED"]
+__all__ = ["GradTracker", "NOT_HANDLED", "is_inplace"]
 
 REQUIRES, REACHES, NONLEAF = 1, 2, 4
 NOT_HANDLED = object()
@@ -50,7 +50,8 @@ _NONLEAF_MESSAGE = ("you can only change requires_grad flags of leaf variables. 
                     "variable in a subgraph that doesn't require differentiation use var_no_grad = var.detach().")
 
 
-def _is_inplace(func: Callable) -> bool:
+def is_inplace(func: Callable) -> bool:
+    """Whether the torch function ``func`` writes its first argument (``add_``, ``__iadd__``...)."""
     name = getattr(func, "__name__", "")
     return name in _INPLACE_DUNDERS or (name.endswith("_") and not name.endswith("__"))
 
@@ -65,6 +66,7 @@ class GradTracker:
     """
 
     def __init__(self, trainable: list[torch.Tensor], differentiated: bool = True):
+        self.differentiated = differentiated
         self.state: WeakIdKeyDictionary = WeakIdKeyDictionary()
         for t in trainable:
             self.state[t] = REQUIRES | (REACHES if differentiated else 0)
@@ -108,7 +110,7 @@ class GradTracker:
     def prepare(self, func: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """The op's arguments with the tensors eager autograd would not differentiate detached."""
         grad_on = torch.is_grad_enabled()
-        written = args[0] if args and _is_inplace(func) else None
+        written = args[0] if args and is_inplace(func) else None
 
         def cut(value: Any) -> bool:
             if not isinstance(value, torch.Tensor) or value is written:
@@ -134,7 +136,7 @@ class GradTracker:
         grad_on = torch.is_grad_enabled()
         requires = bool(grad_on and combined & REQUIRES)
         new = (REQUIRES | NONLEAF if requires else 0) | (combined & REACHES)
-        if args and _is_inplace(func) and isinstance(args[0], torch.Tensor):
+        if args and is_inplace(func) and isinstance(args[0], torch.Tensor):
             written = args[0]
             if requires:
                 self.state[written] = self.flags(written) | new

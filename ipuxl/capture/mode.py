@@ -1,8 +1,9 @@
 """What a module's forward does differently while it is captured, and how the loss is found.
 
 ``CaptureMode`` is the torch function mode a trace runs under: it seeds dropout
-(``DropoutMode``), gives autograd its eager meaning (``capture.grad_mode``) and
-records the tensors that came out of torch loss functions. ``capturing`` makes it
+(``DropoutMode``), gives autograd its eager meaning (``capture.grad_mode``), makes
+tensors from outside the module constants (``capture.constants``) and records the
+tensors that came out of torch loss functions. ``capturing`` makes it
 the active capture, which ``identity_loss`` and outlined blocks consult.
 
 The loss is found as PopTorch finds it (``find_loss``): the output produced by a
@@ -18,9 +19,12 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from ipuxl.capture.constants import OutsideTensors
 from ipuxl.capture.dropout import DropoutMode
+from ipuxl.capture.failures import eager_error
 from ipuxl.capture.grad_mode import NOT_HANDLED, GradTracker
-from ipuxl.errors import TraceError
+from ipuxl.capture.reductions import NOT_PROD, static_prod
+from ipuxl.errors import IpuxlError, OpArgumentError
 from ipuxl.ir.context import user_source_line
 
 __all__ = ["CaptureMode", "capturing", "active_mode", "identity_loss", "find_loss"]
@@ -40,6 +44,8 @@ class CaptureMode(DropoutMode):
         losses: results of torch loss functions, in call order.
         marked: tensors marked with ``identity_loss``, in call order.
         grads: the eager autograd semantics while tracing (None: leave grad mode alone).
+        outside: the constants standing for tensors from outside the module (meta
+            tensors when ``seed`` is one: a dry run on meta tensors).
     """
 
     def __init__(self, seed: torch.Tensor, grads: GradTracker | None = None):
@@ -47,19 +53,35 @@ class CaptureMode(DropoutMode):
         self.losses: list[torch.Tensor] = []
         self.marked: list[torch.Tensor] = []
         self.grads = grads
+        self.outside = OutsideTensors(to_meta=seed.device.type == "meta")
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
+        args, kwargs = self.outside.lift(func, args, kwargs or {})
         grads = self.grads
         if grads is None:
-            return self.call(func, args, kwargs)
+            return self.call_checked(func, args, kwargs)
         answer = grads.intercept(func, args, kwargs)
         if answer is not NOT_HANDLED:
             return answer
         args, kwargs = grads.prepare(func, args, kwargs)
-        out = self.call(func, args, kwargs)
+        out = static_prod(func, args, kwargs) if grads.differentiated else NOT_PROD
+        if out is NOT_PROD:
+            out = self.call_checked(func, args, kwargs)
         grads.record(func, args, kwargs, out)
         return out
+
+    def call_checked(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        """``call``; a failure raises the error eager PyTorch raises for the same call, when
+        there is one (meta kernels word theirs differently; see ``capture.failures``)."""
+        try:
+            return self.call(func, args, kwargs)
+        except IpuxlError:
+            raise
+        except Exception as exc:
+            eager = eager_error(func, args, kwargs, exc)
+            if eager is None:
+                raise
+            raise eager from exc
 
     def call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         """``func(*args, **kwargs)`` with dropouts seeded; a loss function's result is recorded."""
@@ -86,17 +108,19 @@ def active_mode() -> CaptureMode | None:
     return mode
 
 
-def identity_loss(x: torch.Tensor, reduction: str = "none") -> torch.Tensor:
+def identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:
     """Mark ``x`` as the loss to differentiate (PopTorch's ``identity_loss``).
 
     Args:
         x: the loss, or per-sample losses to reduce.
-        reduction: ``"sum"``, ``"mean"`` or ``"none"`` (``x`` is already the loss).
+        reduction: ``"sum"``, ``"mean"`` or ``"none"`` (``x`` is already the loss); required,
+            as in PopTorch 3.x. Another value raises ``OpArgumentError`` (a ValueError and,
+            as upstream's assertion, an AssertionError).
 
     Eagerly (outside a traced model) it just returns the reduced ``x``.
     """
     if reduction not in ("sum", "mean", "none"):
-        raise TraceError(f"identity_loss: reduction must be 'sum', 'mean' or 'none', got {reduction!r}",
+        raise OpArgumentError(f"identity_loss: reduction must be 'sum', 'mean' or 'none', got {reduction!r}",
                          where=user_source_line(), fix="pass reduction='mean' (or 'sum' / 'none')")
     out = x.sum() if reduction == "sum" else x.mean() if reduction == "mean" else x
     mode = active_mode()

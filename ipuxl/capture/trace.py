@@ -12,16 +12,20 @@ inputs)`` under ``torch.func.functionalize``, so
   (``capture.mutations``).
 
 The trace runs under ``CaptureMode`` (``capture.mode``): dropout draws from a seed
-input (``capture.dropout``), autograd keeps its eager meaning (``capture.grad_mode``)
-and the loss is found as PopTorch finds it. With ``outline=True`` each kind of
+input (``capture.dropout``), autograd keeps its eager meaning (``capture.grad_mode``),
+tensors from outside the module become constants (``capture.constants``) and the
+loss is found as PopTorch finds it. A training trace keeps each submodule's own
+``training`` flag (``_train_flags``). Errors keep torch's type, and ops whose output
+shapes depend on values are refused (``capture.failures``). With ``outline=True`` each kind of
 repeated block module is traced once and called (``capture.blocks``).
 ``capture.to_ir.graph_from_trace`` then imports the result into an ``Ir``.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.fx as fx
@@ -35,12 +39,13 @@ from ipuxl.capture.blocks import (
     used_blocks,
 )
 from ipuxl.capture.dropout import SEED_DTYPE, SEED_SHAPE, random_op
+from ipuxl.capture.failures import refuse_data_dependent, trace_error
+from ipuxl.capture.random_ops import unseeded_op_error
 from ipuxl.capture.grad_mode import GradTracker
 from ipuxl.capture.mode import CaptureMode, capturing, find_loss
 from ipuxl.capture.mutations import extract_mutations
 from ipuxl.capture.nodes import output_nodes, placeholders, spec_of
 from ipuxl.errors import TraceError
-from ipuxl.ir.context import traceback_source_line
 from ipuxl.ir.meta import ROLE, Role
 from ipuxl.ir.tensor import TensorSpec
 
@@ -99,8 +104,8 @@ def trace_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = Non
     """Trace ``module(*args, **kwargs)`` (see the module docstring).
 
     Args:
-        training: trace in training mode (dropout on, BatchNorm batch statistics)
-            or in eval mode; the module's own flags are restored afterwards.
+        training: trace a training step or an inference step (see ``_train_flags``);
+            the modules' own flags are restored afterwards.
         need_loss: find the loss output (``TraceError`` when there is none).
         outline: trace each kind of repeated block module once and record its other
             runs as calls of that trace (see ``capture.blocks``), so capture time and
@@ -109,6 +114,32 @@ def trace_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = Non
     Raises:
         TraceError: the module cannot be captured, or (``need_loss``) has no single loss.
     """
+    with _train_flags(module, training):
+        return _trace_module(module, args, kwargs, training=training, need_loss=need_loss, outline=outline)
+
+
+@contextlib.contextmanager
+def _train_flags(module: torch.nn.Module, training: bool) -> Iterator[None]:
+    """Each module's ``training`` flag while it is traced, restored after.
+
+    An inference step runs every module in eval mode. A training step keeps each
+    submodule's own flag, as PopTorch does: a ``Dropout`` or ``BatchNorm`` the user
+    set to ``eval()`` inside a training model stays in eval mode. Only a model that
+    is wholly in eval mode (``model.eval()`` before wrapping) is put in train mode.
+    """
+    flags = {m: m.training for m in module.modules()}
+    if not training or not module.training:
+        module.train(training)
+    try:
+        yield
+    finally:
+        for m, flag in flags.items():
+            m.training = flag
+
+
+def _trace_module(module: torch.nn.Module, args: tuple, kwargs: dict | None, *,
+                  training: bool, need_loss: bool, outline: bool) -> TracedModule:
+    """``trace_module`` with the modules' flags already set."""
     candidates = outline_candidates(module) if outline else {}
     blocks: Blocks = {}
 
@@ -116,7 +147,7 @@ def trace_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = Non
         return _trace_block(need, training, candidates)
 
     if candidates:
-        discover_blocks(module, args, kwargs, training, candidates, blocks, trace_block)
+        discover_blocks(module, args, kwargs, candidates, blocks, trace_block)
     while True:
         try:
             traced = _trace(module, args, kwargs, training=training, need_loss=need_loss,
@@ -148,8 +179,9 @@ def _trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, *, trainin
     fn = _functional_forward(module, call, params, buffers, record, training=training, need_loss=need_loss,
                              candidates=candidates, blocks=blocks)
     example = call.tensors()
-    gm = _make_fx(fn, module, training, [t.detach() for t in example], [p.detach() for p in params.values()],
+    gm = _make_fx(fn, module, [t.detach() for t in example], [p.detach() for p in params.values()],
                   [b.detach() for b in buffers.values()], torch.zeros(SEED_SHAPE, dtype=SEED_DTYPE))
+    refuse_data_dependent(gm, name)
     _mark_roles(gm)
     mutated, mutated_inputs = extract_mutations(gm, len(example), list(params) + list(buffers))
     _refuse_random_ops(gm, module)
@@ -197,22 +229,31 @@ def _functional_forward(module: torch.nn.Module, call: FlatCall, params: dict[st
     return fn
 
 
-def _make_fx(fn: Callable[..., list[torch.Tensor]], module: torch.nn.Module, training: bool,
-             *example: Any) -> fx.GraphModule:
-    """make_fx of the functionalized ``fn`` on fake tensors, with ``module`` in training
-    or eval mode (its own flags restored after)."""
-    flags = {m: m.training for m in module.modules()}
-    module.train(training)
+def _make_fx(fn: Callable[..., list[torch.Tensor]], module: torch.nn.Module, *example: Any) -> fx.GraphModule:
+    """make_fx of the functionalized ``fn`` on fake tensors (tensors from outside the
+    module become constants: ``capture.constants``)."""
     try:
-        return make_fx(torch.func.functionalize(fn, remove="mutations"), tracing_mode="fake",
-                       decomposition_table=_DECOMPOSITIONS, record_stack_traces=True)(*example)
+        with _quiet_fake_tensors():
+            return make_fx(torch.func.functionalize(fn, remove="mutations"), tracing_mode="fake",
+                           decomposition_table=_DECOMPOSITIONS, record_stack_traces=True,
+                           _allow_non_fake_inputs=True)(*example)
     except (TraceError, NeedBlock):
         raise
     except Exception as exc:  # torch raises many kinds while tracing; all mean "cannot capture this"
-        raise _trace_error(type(module).__name__, exc) from None
+        raise trace_error(type(module).__name__, exc) from exc
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensors() -> Iterator[None]:
+    """Silence the fake-tensor logger, which logs every failing meta kernel's traceback: the
+    failure itself reaches the user as a ``TraceError`` (``capture.failures``)."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
     finally:
-        for m, flag in flags.items():
-            m.training = flag
+        logger.setLevel(level)
 
 
 def _mark_roles(gm: fx.GraphModule) -> None:
@@ -230,7 +271,7 @@ def _trace_block(need: NeedBlock, training: bool, candidates: Candidates) -> Out
 
     args, kwargs = pytree.tree_map(example, (need.args, need.kwargs))
     try:
-        traced = trace_module(need.module, args, kwargs, training=training, need_loss=False)
+        traced = _trace_module(need.module, args, kwargs, training=training, need_loss=False, outline=False)
     except TraceError:
         return None  # traced inline, where the model's trace reports any real problem
     return outline_block(traced, copies=candidates[need.module][1])
@@ -239,11 +280,7 @@ def _trace_block(need: NeedBlock, training: bool, candidates: Candidates) -> Out
 def _refuse_random_ops(gm: fx.GraphModule, module: torch.nn.Module) -> None:
     op = random_op(gm)
     if op is not None:
-        raise TraceError(
-            f"module {type(module).__name__} uses the random op aten.{op}, which would not be reproducible on "
-            "the device", where=forward_source(module),
-            fix="use nn.Dropout / F.dropout (seeded by ipuxl from Options.randomSeed), or generate the "
-                "random values on the host and pass them as an input")
+        raise unseeded_op_error(op, type(module).__name__, forward_source(module))
 
 
 def _check_loss(traced: TracedModule, module: torch.nn.Module) -> None:
@@ -267,16 +304,3 @@ def _check_loss(traced: TracedModule, module: torch.nn.Module) -> None:
             f"the loss of {traced.name} (output {index}) must be a float scalar, got shape {spec.shape} "
             f"{spec.dtype}", where=forward_source(module),
             fix="reduce it, e.g. ipuxl.identity_loss(loss, reduction='mean')")
-
-
-def _trace_error(name: str, exc: Exception) -> TraceError:
-    text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-    kind = type(exc).__name__ + " " + str(exc)
-    if any(k in kind for k in ("DataDependent", "data-dependent", "data dependent", "GuardOnDataDependent",
-                               "item()", "Could not guard", "_local_scalar_dense")):
-        fix = ("tensor values are not known while capturing: replace Python control flow on tensor values "
-               "and .item()/.tolist()/bool(tensor) by tensor ops (torch.where, masks), or do that work on the host")
-    else:
-        fix = "rewrite that line with standard torch ops; this op or construct cannot be captured by torch.fx"
-    return TraceError(f"cannot capture module {name} with torch.fx: {text}",
-                      where=traceback_source_line(exc.__traceback__), fix=fix)

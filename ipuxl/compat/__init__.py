@@ -5,7 +5,7 @@
 to ipuxl's modules: the alias *is* ipuxl's module object, so ``popxl.ops is
 ipuxl.ops`` and ``import popxl_addons`` gives ``ipuxl.addons_compat``. Where ipuxl's
 module path differs from upstream's, ``ipuxl.compat.table`` says which module
-stands for it. An upstream module ipuxl does not provide raises
+stands for it (``ipuxl.compat.table``). An upstream module ipuxl does not provide raises
 ``CompatImportError`` (a ``ModuleNotFoundError``) naming it.
 
 From the command line, ``python -m ipuxl.compat PROGRAM.py [args]`` runs a program
@@ -18,8 +18,12 @@ Example:
     >>> popxl.Ir is ipuxl.Ir and ops is ipuxl.ops
     True
 
-Differences from upstream: ``popxl`` and ``poptorch`` are the same module
-(``ipuxl``), and a module's ``__name__`` is ipuxl's (``popxl.__name__ == "ipuxl"``).
+``import poptorch`` gives ``ipuxl.poptorch_compat``, PopTorch's namespace
+(``poptorch.Options``, ``poptorch.enums``, ``poptorch.optim``, ``poptorch.logging``...),
+apart from PopXL's (``popxl`` is ``ipuxl``).
+
+Differences from upstream: a module's ``__name__`` is ipuxl's
+(``popxl.__name__ == "ipuxl"``, ``poptorch.__name__ == "ipuxl.poptorch_compat"``).
 """
 from __future__ import annotations
 

@@ -3,9 +3,9 @@
 Three tables, one per upstream package, map an upstream module path to the ipuxl
 module that provides its names (``None``: upstream has the module, ipuxl does not
 yet). A ``popxl`` or ``popxl_addons`` path missing from its table maps by name
-(``popxl.X`` -> ``ipuxl.X``, ``popxl_addons.X`` -> ``ipuxl.addons_compat.X``);
-``poptorch`` shares the ``ipuxl`` namespace with ``popxl``, so only its listed
-paths exist. ``popxl.ops.<file>`` (PopXL has one file per op) maps to the ipuxl
+(``popxl.X`` -> ``ipuxl.X``, ``popxl_addons.X`` -> ``ipuxl.addons_compat.X``); ``poptorch`` is
+``ipuxl.poptorch_compat`` (PopTorch's own namespace, apart from PopXL's) and only its
+listed paths exist. ``popxl.ops.<file>`` (PopXL has one file per op) maps to the ipuxl
 module that defines the op named in ``OP_FILES``, found when imported.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 __all__ = ["POPXL", "POPXL_ADDONS", "POPTORCH", "OP_FILES", "ROOTS"]
 
 #: upstream top-level package -> the ipuxl module it is
-ROOTS: dict[str, str] = {"popxl": "ipuxl", "popxl_addons": "ipuxl.addons_compat", "poptorch": "ipuxl"}
+ROOTS: dict[str, str] = {"popxl": "ipuxl", "popxl_addons": "ipuxl.addons_compat", "poptorch": "ipuxl.poptorch_compat"}
 
 POPXL: dict[str, str | None] = {
     "popxl.context": "ipuxl.ir.context",
@@ -100,15 +100,19 @@ POPXL_ADDONS: dict[str, str | None] = {
 }
 
 POPTORCH: dict[str, str | None] = {
-    "poptorch.optim": "ipuxl.optim",
+    "poptorch.enums": "ipuxl.poptorch_compat.enums",
     "poptorch.options": "ipuxl.poptorch_compat.options",
-    "poptorch.enums": None,
+    "poptorch.optim": "ipuxl.poptorch_compat.optim",
+    "poptorch.ops": "ipuxl.poptorch_compat.ops",
+    "poptorch.logging": "ipuxl.poptorch_compat.poptorch_logging",
+    "poptorch._logging": "ipuxl.poptorch_compat.poptorch_logging",
+    "poptorch._poplar_executor": "ipuxl.poptorch_compat.executor",
+    "poptorch._dataloader": "ipuxl.poptorch_compat.dataloader",
     "poptorch.autocasting": None,
     "poptorch.distributed": None,
     "poptorch.eager": None,
     "poptorch.experimental": None,
-    "poptorch.logging": None,
-    "poptorch.ops": None,
     "poptorch.profiling": None,
     "poptorch.testing": None,
+    "poptorch.poptorch_core": None,
 }

@@ -117,9 +117,29 @@ def lower_to_fx(graph: "Graph", callee_fn: CalleeFn, attrs: dict[str, torch.Tens
         io = _HostIO(io_index)
         if io.does_io(graph):
             io.arg = new.placeholder(HOST_IO)
-    outputs = _copy_graph(new, root, graph, {}, values, callee_fn, inline, prefix="", io=io)
+    env = _arguments(new, graph, io)
+    outputs = _copy_graph(new, root, graph, env, values, callee_fn, inline, prefix="", io=io)
     new.output(tuple(outputs))
     return root, new
+
+
+def _arguments(new: fx.Graph, graph: "Graph", io: _HostIO | None) -> dict[fx.Node, fx.Node]:
+    """The lowered function's arguments, one per placeholder of ``graph`` that stays one.
+
+    fx writes a placeholder's ``target`` as the argument's name without checking it, so
+    two equal targets, ``self``, or a name the code also uses (``torch``) give broken
+    code. Each argument is named by its node's name instead: fx keeps node names unique
+    and clear of keywords, builtins and the globals the code refers to.
+    """
+    env: dict[fx.Node, fx.Node] = {}
+    for node in graph.fx.nodes:
+        if node.op != "placeholder" or (io is not None and is_host_transfer(node)):
+            continue
+        arg = new.placeholder("self_" if node.name == "self" else node.name)
+        arg.target = arg.name
+        arg.meta.update(node.meta)
+        env[node] = arg
+    return env
 
 
 def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[fx.Node, fx.Node],

@@ -2,7 +2,10 @@
 
 Randomness is a pure function of a seed tensor (two 32-bit words, shape ``(2,)``).
 The draws are torch custom ops (``ipuxl::random_uniform``, ``random_normal``,
-``dropout_mask``, ``modify_seed``, ``offset_seed``) so that they trace with make_fx
+``dropout_mask``, ``modify_seed``, ``offset_seed``, and for torch's random functions
+in captured modules ``random_fill``, ``random_integers``, ``random_permutation``,
+``random_sample``: torch's own samplers run on a generator seeded from the seed
+tensor, so each draws from exactly torch's distribution) so that they trace with make_fx
 as single nodes; importing this module registers them. Each custom op calls a plain
 implementation (``*_impl``); the device calls those directly (``DIRECT_CALLS``),
 skipping the custom-op dispatch, which costs more than the draw itself for small
@@ -16,7 +19,8 @@ import torch
 
 __all__ = [
     "random_uniform_impl", "random_normal_impl", "dropout_mask_impl", "modify_seed_impl", "offset_seed_impl",
-    "dropout", "shaped_dropout", "DIRECT_CALLS",
+    "random_fill_impl", "random_integers_impl", "random_permutation_impl", "random_sample_impl", "FILL_KINDS",
+    "SAMPLE_KINDS", "dropout", "shaped_dropout", "DIRECT_CALLS",
 ]
 
 
@@ -46,6 +50,51 @@ def dropout_mask_impl(seed: torch.Tensor, shape: list[int], p: float, dtype: tor
     """``keep / (1 - p)`` where each element is kept with probability ``1 - p``."""
     keep = torch.rand(shape, generator=_generator(seed), device=seed.device) >= p
     return keep.to(dtype) / (1.0 - p)
+
+
+#: the in-place samplers ``random_fill`` runs (``Tensor.<kind>_(*args)``)
+FILL_KINDS = ("uniform", "normal", "exponential", "geometric", "cauchy", "log_normal", "bernoulli")
+
+
+def random_fill_impl(seed: torch.Tensor, shape: list[int], dtype: torch.dtype, kind: str,
+                     args: list[float]) -> torch.Tensor:
+    """A ``shape`` tensor filled by torch's ``Tensor.<kind>_(*args)`` drawing from ``seed``."""
+    out = torch.empty(shape, dtype=dtype, device=seed.device)
+    return getattr(out, kind + "_")(*args, generator=_generator(seed))
+
+
+def random_integers_impl(seed: torch.Tensor, shape: list[int], dtype: torch.dtype, low: int | None,
+                         high: int | None) -> torch.Tensor:
+    """Torch's ``Tensor.random_(low, high)`` (``random_()`` when ``low`` is None) drawing from ``seed``."""
+    out = torch.empty(shape, dtype=dtype, device=seed.device)
+    if low is None:
+        return out.random_(generator=_generator(seed))
+    return out.random_(low, high, generator=_generator(seed))
+
+
+def random_permutation_impl(seed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """Torch's ``randperm(n)`` drawing from ``seed``."""
+    return torch.randperm(n, generator=_generator(seed), dtype=dtype, device=seed.device)
+
+
+def _sample(kind: str, inputs: list[torch.Tensor], args: list[float], gen: torch.Generator | None) -> torch.Tensor:
+    if kind == "multinomial":
+        return torch.multinomial(inputs[0], int(args[0]), bool(args[1]), generator=gen)
+    return SAMPLE_KINDS[kind](*inputs, generator=gen)
+
+
+#: the samplers ``random_sample`` runs on its tensor inputs (multinomial takes ``args``)
+SAMPLE_KINDS: dict[str, Callable[..., torch.Tensor]] = {
+    "bernoulli": torch.bernoulli, "multinomial": torch.multinomial, "poisson": torch.poisson,
+    "binomial": torch.binomial,
+    # torch's private samplers behind torch.distributions' Gamma and Dirichlet (no public ones)
+    "standard_gamma": torch._standard_gamma, "dirichlet": torch._sample_dirichlet,
+}
+
+
+def random_sample_impl(seed: torch.Tensor, kind: str, inputs: list[torch.Tensor], args: list[float]) -> torch.Tensor:
+    """Torch's sampler ``kind`` on ``inputs`` (probabilities, rates...) drawing from ``seed``."""
+    return _sample(kind, inputs, args, _generator(seed))
 
 
 _MIX_SEED, _MIX_MODIFIER = 0x9E3779B1, 0x85EBCA77
@@ -126,6 +175,48 @@ def _(seed: torch.Tensor, offset: int) -> torch.Tensor:
     return torch.empty_like(seed)
 
 
+@torch.library.custom_op("ipuxl::random_fill", mutates_args=())
+def _random_fill(seed: torch.Tensor, shape: list[int], dtype: torch.dtype, kind: str,
+                 args: list[float]) -> torch.Tensor:
+    return random_fill_impl(seed, shape, dtype, kind, args)
+
+
+@_random_fill.register_fake
+def _(seed: torch.Tensor, shape: list[int], dtype: torch.dtype, kind: str, args: list[float]) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=seed.device)
+
+
+@torch.library.custom_op("ipuxl::random_integers", mutates_args=())
+def _random_integers(seed: torch.Tensor, shape: list[int], dtype: torch.dtype, low: int | None,
+                     high: int | None) -> torch.Tensor:
+    return random_integers_impl(seed, shape, dtype, low, high)
+
+
+@_random_integers.register_fake
+def _(seed: torch.Tensor, shape: list[int], dtype: torch.dtype, low: int | None, high: int | None) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=seed.device)
+
+
+@torch.library.custom_op("ipuxl::random_permutation", mutates_args=())
+def _random_permutation(seed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    return random_permutation_impl(seed, n, dtype)
+
+
+@_random_permutation.register_fake
+def _(seed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(n, dtype=dtype, device=seed.device)
+
+
+@torch.library.custom_op("ipuxl::random_sample", mutates_args=())
+def _random_sample(seed: torch.Tensor, kind: str, inputs: list[torch.Tensor], args: list[float]) -> torch.Tensor:
+    return random_sample_impl(seed, kind, inputs, args)
+
+
+@_random_sample.register_fake
+def _(seed: torch.Tensor, kind: str, inputs: list[torch.Tensor], args: list[float]) -> torch.Tensor:
+    return _sample(kind, inputs, args, None)  # torch's own shape rules, on fake inputs
+
+
 def dropout(x: torch.Tensor, seed: torch.Tensor, p: float) -> torch.Tensor:
     """``x * keep / (1 - p)``; the mask depends on the seed only, so the gradient is ``dy * mask``.
 
@@ -148,6 +239,8 @@ def shaped_dropout(x: torch.Tensor, seed: torch.Tensor, shape: list[int], p: flo
 _IMPLS: dict[str, Callable[..., torch.Tensor]] = {
     "random_uniform": random_uniform_impl, "random_normal": random_normal_impl,
     "dropout_mask": dropout_mask_impl, "modify_seed": modify_seed_impl, "offset_seed": offset_seed_impl,
+    "random_fill": random_fill_impl, "random_integers": random_integers_impl,
+    "random_permutation": random_permutation_impl, "random_sample": random_sample_impl,
 }
 
 #: The plain implementation of each custom op, keyed by the targets fx nodes name it by:

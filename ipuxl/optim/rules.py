@@ -48,7 +48,7 @@ from ipuxl.ops.elementwise import add_, equal, maximum, scaled_add, scaled_add_,
 from ipuxl.ops.reduce import lamb_square
 from ipuxl.ops.shape import cast
 
-__all__ = ["sgd_", "adam_", "lamb_", "rmsprop_", "state_specs", "StateSpec", "RULES"]
+__all__ = ["sgd_", "adam_", "lamb_", "rmsprop_", "clip_grad_norm", "state_specs", "StateSpec", "RULES"]
 
 Hyper = float | Tensor
 
@@ -204,7 +204,8 @@ def lamb_(weight: Tensor, grad: Tensor, first_order: Tensor, second_order: Tenso
 @in_sequence()
 def rmsprop_(weight: Tensor, grad: Tensor, square_avg: Tensor, *, lr: Hyper, alpha: Hyper = 0.99,
              eps: Hyper = 1e-8, weight_decay: Hyper = 0.0, momentum: Hyper = 0.0, centered: bool = False,
-             momentum_buffer: Tensor | None = None, grad_avg: Tensor | None = None) -> None:
+             tf_variant: bool = False, momentum_buffer: Tensor | None = None,
+             grad_avg: Tensor | None = None) -> None:
     """``torch.optim.RMSprop`` for one weight.
 
     With ``g = grad + weight_decay * w``::
@@ -216,6 +217,11 @@ def rmsprop_(weight: Tensor, grad: Tensor, square_avg: Tensor, *, lr: Hyper, alp
         w -= lr * g / denom                                   (no momentum)
 
     All states start at zero (torch's too), so no step counter is needed.
+
+    ``tf_variant`` (TensorFlow's RMSprop, PopTorch's ``use_tf_variant``): ``s``
+    starts at one (the caller initialises ``square_avg`` so), ``eps`` goes inside the
+    square root (``denom = sqrt(s - a**2 + eps)``) and the learning rate enters the
+    momentum buffer (``b = momentum * b + lr * g / denom;  w -= b``).
     """
     _check_hypers("rmsprop_", lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum)
     use_momentum = not _is_zero(momentum)
@@ -232,11 +238,32 @@ def rmsprop_(weight: Tensor, grad: Tensor, square_avg: Tensor, *, lr: Hyper, alp
         assert grad_avg is not None  # _require checked it
         a = _as(_moving_average_(grad_avg, g, alpha, dtype), dtype)
         s = s - a * a
-    direction = g / (sqrt(s) + eps)
+    direction = g / sqrt(s + eps) if tf_variant else g / (sqrt(s) + eps)
     if use_momentum:
         assert momentum_buffer is not None  # _require checked it
+        if tf_variant:
+            step = _as(_axpby_(momentum_buffer, direction, momentum, lr, dtype), dtype)
+            scaled_add_(weight, step, b=-1.0)
+            return
         direction = _as(_axpby_(momentum_buffer, direction, momentum, 1.0, dtype), dtype)
     scaled_add_(weight, direction, b=_negated(lr))
+
+
+def clip_grad_norm(grads: list[Tensor], max_norm: float) -> list[Tensor]:
+    """Gradients clipped by their global L2 norm, as PopART's ``max_grad_norm`` (PopTorch's
+    optimisers): every gradient scaled by ``max_norm / max(norm, max_norm)``, where
+    ``norm`` is the L2 norm of all of them together (float32 sums of squares).
+    ``max_norm=inf`` returns ``grads`` unchanged (no ops)."""
+    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0:
+        raise _error(f"clip_grad_norm: max_norm must be a number > 0, got {max_norm!r}",
+                     "pass a positive float (float('inf'): no clipping)")
+    if max_norm == float("inf") or not grads:
+        return list(grads)
+    total = lamb_square(grads[0])
+    for g in grads[1:]:
+        total = total + lamb_square(g)
+    factor = max_norm / maximum(sqrt(total), constant(np.asarray(max_norm, np.float32), torch.float32))
+    return [g * _as(factor, g.dtype) for g in grads]
 
 
 RULES: dict[str, Callable[..., None]] = {"sgd": sgd_, "adam": adam_, "adamw": adam_, "lamb": lamb_,

@@ -1,5 +1,9 @@
-"""PopTorch's programming model on ipuxl: ``trainingModel``, ``inferenceModel``,
-``identity_loss``, ``DropoutReplay``, one module per concern:
+"""PopTorch's programming model on ipuxl, and PopTorch's public namespace.
+
+``ipuxl.compat`` maps ``import poptorch`` to this package, so every name PopTorch
+exports at its top level (``poptorch.trainingModel``, ``poptorch.Options``,
+``poptorch.enums``, ``poptorch.for_loop`` ...) is an attribute here, loaded on
+first use from the module that defines it (``_LAZY``). One module per concern:
 
 * ``executor``: ``PoplarExecutor``, the wrappers' calls, compiles and device attachment;
 * ``compile``: ``compile_model``, capture -> IR -> autodiff -> step program -> outline;
@@ -13,8 +17,117 @@ The wrappers are built from the same pieces as the PopXL front end: torch.fx
 capture into the IR (``ipuxl.capture``), ``transforms.autodiff``, the
 ``ipuxl.optim`` update rules and the device ``Session``.
 """
-from ipuxl.capture.dropout import DropoutReplay
-from ipuxl.capture.mode import identity_loss
-from ipuxl.poptorch_compat.executor import PoplarExecutor, inferenceModel, trainingModel
+from __future__ import annotations
 
-__all__ = ["DropoutReplay", "PoplarExecutor", "identity_loss", "inferenceModel", "trainingModel"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ipuxl.capture.dropout import DropoutReplay
+    from ipuxl.capture.mode import identity_loss
+    from ipuxl.poptorch_compat.dataloader import DataLoader, DataLoaderMode
+    from ipuxl.poptorch_compat.accessor import AsynchronousDataAccessor
+    from ipuxl.poptorch_compat.custom_args import ICustomArgParser, registerCustomArgParser
+    from ipuxl.poptorch_compat.executor import PoplarExecutor, inferenceModel, trainingModel
+    from ipuxl.poptorch_compat.executor import load
+    from ipuxl.poptorch_compat.compile_hooks import registerPostCompileHook, registerPreCompileHook
+    from ipuxl.poptorch_compat.options import AnchorMode, Options, OutputMode
+    from ipuxl.errors import ConfigFileError, RecoverableError, UnrecoverableError
+    from ipuxl.errors import PoptorchError as Error
+    from ipuxl.poptorch_compat import enums, options
+    from ipuxl.poptorch_compat import poptorch_logging as logging
+    from ipuxl.poptorch_compat.enums import (
+        AutoStage, CommGroupType, ConnectionType, HalfFloatCastingBehavior, Liveness, MatMulSerializationMode,
+        MeanReductionStrategy, MultiConvPlanType, OverlapMode, ReductionType, SharingStrategy, SyncPattern,
+        VariableRetrievalMode,
+    )
+    from ipuxl.poptorch_compat.hardware import ipuHardwareIsAvailable, ipuHardwareVersion
+    from ipuxl.poptorch_compat.option_groups import TensorLocationSettings
+    from ipuxl.poptorch_compat.poptorch_logging import logger, setLogLevel
+    from ipuxl.poptorch_compat.ops import (
+        CPU, MultiConv, NameScope, cond, ctc_beam_search_decoder, custom_op, dynamic_slice, dynamic_update, for_loop,
+        fps, ipu_print_tensor, nearest, nop, recomputationCheckpoint, serializedMatMul, set_available_memory,
+        set_overlap_for_input, set_overlap_for_output,
+    )
+
+#: PopTorch's top-level name -> (module, attribute in it; None for the module itself), loaded on first use
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "DropoutReplay": ("ipuxl.capture.dropout", "DropoutReplay"),
+    "identity_loss": ("ipuxl.capture.mode", "identity_loss"),
+    "PoplarExecutor": ("ipuxl.poptorch_compat.executor", "PoplarExecutor"),
+    "trainingModel": ("ipuxl.poptorch_compat.executor", "trainingModel"),
+    "inferenceModel": ("ipuxl.poptorch_compat.executor", "inferenceModel"),
+    "load": ("ipuxl.poptorch_compat.executor", "load"),
+    "__version__": ("ipuxl.poptorch_compat.executor", "POPTORCH_VERSION"),
+    "registerPreCompileHook": ("ipuxl.poptorch_compat.compile_hooks", "registerPreCompileHook"),
+    "registerPostCompileHook": ("ipuxl.poptorch_compat.compile_hooks", "registerPostCompileHook"),
+    "Options": ("ipuxl.poptorch_compat.options", "Options"),
+    "AnchorMode": ("ipuxl.poptorch_compat.options", "AnchorMode"),
+    "OutputMode": ("ipuxl.poptorch_compat.options", "OutputMode"),
+    "DataLoader": ("ipuxl.poptorch_compat.dataloader", "DataLoader"),
+    "DataLoaderMode": ("ipuxl.poptorch_compat.dataloader", "DataLoaderMode"),
+    "AsynchronousDataAccessor": ("ipuxl.poptorch_compat.accessor", "AsynchronousDataAccessor"),
+    "ICustomArgParser": ("ipuxl.poptorch_compat.custom_args", "ICustomArgParser"),
+    "registerCustomArgParser": ("ipuxl.poptorch_compat.custom_args", "registerCustomArgParser"),
+    "optim": ("ipuxl.poptorch_compat.optim", None),
+    "for_loop": ("ipuxl.poptorch_compat.ops", "for_loop"),
+    "cond": ("ipuxl.poptorch_compat.ops", "cond"),
+    "dynamic_slice": ("ipuxl.poptorch_compat.ops", "dynamic_slice"),
+    "dynamic_update": ("ipuxl.poptorch_compat.ops", "dynamic_update"),
+    "ipu_print_tensor": ("ipuxl.poptorch_compat.ops", "ipu_print_tensor"),
+    "nop": ("ipuxl.poptorch_compat.ops", "nop"),
+    "recomputationCheckpoint": ("ipuxl.poptorch_compat.ops", "recomputationCheckpoint"),
+    "serializedMatMul": ("ipuxl.poptorch_compat.ops", "serializedMatMul"),
+    "set_available_memory": ("ipuxl.poptorch_compat.ops", "set_available_memory"),
+    "set_overlap_for_input": ("ipuxl.poptorch_compat.ops", "set_overlap_for_input"),
+    "set_overlap_for_output": ("ipuxl.poptorch_compat.ops", "set_overlap_for_output"),
+    "MultiConv": ("ipuxl.poptorch_compat.ops", "MultiConv"),
+    "NameScope": ("ipuxl.poptorch_compat.ops", "NameScope"),
+    "CPU": ("ipuxl.poptorch_compat.ops", "CPU"),
+    "custom_op": ("ipuxl.poptorch_compat.ops", "custom_op"),
+    "ctc_beam_search_decoder": ("ipuxl.poptorch_compat.ops", "ctc_beam_search_decoder"),
+    "fps": ("ipuxl.poptorch_compat.ops", "fps"),
+    "nearest": ("ipuxl.poptorch_compat.ops", "nearest"),
+    "AutoStage": ("ipuxl.poptorch_compat.enums", "AutoStage"),
+    "CommGroupType": ("ipuxl.poptorch_compat.enums", "CommGroupType"),
+    "ConnectionType": ("ipuxl.poptorch_compat.enums", "ConnectionType"),
+    "HalfFloatCastingBehavior": ("ipuxl.poptorch_compat.enums", "HalfFloatCastingBehavior"),
+    "Liveness": ("ipuxl.poptorch_compat.enums", "Liveness"),
+    "MatMulSerializationMode": ("ipuxl.poptorch_compat.enums", "MatMulSerializationMode"),
+    "MeanReductionStrategy": ("ipuxl.poptorch_compat.enums", "MeanReductionStrategy"),
+    "MultiConvPlanType": ("ipuxl.poptorch_compat.enums", "MultiConvPlanType"),
+    "OverlapMode": ("ipuxl.poptorch_compat.enums", "OverlapMode"),
+    "ReductionType": ("ipuxl.poptorch_compat.enums", "ReductionType"),
+    "SharingStrategy": ("ipuxl.poptorch_compat.enums", "SharingStrategy"),
+    "SyncPattern": ("ipuxl.poptorch_compat.enums", "SyncPattern"),
+    "VariableRetrievalMode": ("ipuxl.poptorch_compat.enums", "VariableRetrievalMode"),
+    "enums": ("ipuxl.poptorch_compat.enums", None),
+    "options": ("ipuxl.poptorch_compat.options", None),
+    "logging": ("ipuxl.poptorch_compat.poptorch_logging", None),
+    "logger": ("ipuxl.poptorch_compat.poptorch_logging", "logger"),
+    "setLogLevel": ("ipuxl.poptorch_compat.poptorch_logging", "setLogLevel"),
+    "ipuHardwareIsAvailable": ("ipuxl.poptorch_compat.hardware", "ipuHardwareIsAvailable"),
+    "ipuHardwareVersion": ("ipuxl.poptorch_compat.hardware", "ipuHardwareVersion"),
+    "TensorLocationSettings": ("ipuxl.poptorch_compat.option_groups", "TensorLocationSettings"),
+    "ConfigFileError": ("ipuxl.errors", "ConfigFileError"),
+    "Error": ("ipuxl.errors", "PoptorchError"),
+    "RecoverableError": ("ipuxl.errors", "RecoverableError"),
+    "UnrecoverableError": ("ipuxl.errors", "UnrecoverableError"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'ipuxl.poptorch_compat' (PopTorch) has no attribute '{name}'")
+    module_name, attribute = _LAZY[name]
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value  # loaded once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = sorted(_LAZY)

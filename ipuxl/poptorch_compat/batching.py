@@ -5,7 +5,9 @@ data: ``[deviceIterations, gradientAccumulation, replicas, micro-batch, ...]``
 (iterations outermost). ``split_batch`` checks that every tensor argument splits so
 and reorders it for the input streams, which take ``(iterations, replicas,
 accumulation x micro-batch, ...)``: one replica's micro-batches of a step are
-consecutive in its stream. Under torchrun (``WORLD_SIZE`` = P > 1) each process
+consecutive in its stream. A scalar (0-d) argument counts as one sample, as
+upstream: it is fed as it is when the split factor is 1 and refused otherwise.
+Under torchrun (``WORLD_SIZE`` = P > 1) each process
 feeds, and gets back, only its own R / P replicas, as each PopTorch process does
 with PopRun.
 
@@ -24,6 +26,7 @@ from torch.utils import _pytree as pytree
 from ipuxl.errors import BatchSizeError, OptionsError
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.world import world
+from ipuxl.poptorch_compat.custom_args import register_subclasses
 from ipuxl.poptorch_compat.options import Options, OutputMode
 from ipuxl.poptorch_compat.program import Program
 
@@ -105,6 +108,7 @@ def split_batch(options: Options, training: bool, args: tuple, kwargs: dict) -> 
         options.combined_batch_factor(False)  # refuses gradient accumulation for inference
     n = options.device_iterations
     factor = n * accumulation * replicas
+    register_subclasses((args, kwargs))  # custom argument types (ICustomArgParser) open like tuples
     leaves, spec = pytree.tree_flatten((args, kwargs))
     micro_leaves: list[Any] = []
     stacked, tensors = [], []
@@ -112,7 +116,14 @@ def split_batch(options: Options, training: bool, args: tuple, kwargs: dict) -> 
         if not isinstance(leaf, torch.Tensor):
             micro_leaves.append(leaf)
             continue
-        if leaf.dim() == 0 or leaf.shape[0] % factor:
+        if leaf.dim() == 0:  # a scalar: as upstream, one "sample", fed as it is when nothing splits
+            if factor != 1:
+                raise _batch_size_error(options, training, leaf, factor, replicas)
+            micro_leaves.append(MicroBatch((), leaf.dtype))
+            stacked.append(leaf.detach())
+            tensors.append(leaf)
+            continue
+        if leaf.shape[0] % factor:
             raise _batch_size_error(options, training, leaf, factor, replicas)
         micro = leaf.shape[0] // factor
         rest = tuple(leaf.shape[1:])
@@ -128,12 +139,19 @@ def split_batch(options: Options, training: bool, args: tuple, kwargs: dict) -> 
 
 def _batch_size_error(options: Options, training: bool, leaf: torch.Tensor, factor: int,
                       replicas: int) -> BatchSizeError:
-    got = "a scalar" if leaf.dim() == 0 else f"batch {leaf.shape[0]}"
-    size = 0 if leaf.dim() == 0 else leaf.shape[0]
+    where = user_source_line()
+    parts = f"{_factors(options, training, replicas)} = {factor} parts"
+    if leaf.dim() == 0:  # upstream counts a scalar as a batch of 1
+        return BatchSizeError(
+            f"{_kind(training)} model input is a scalar (shape ()): it has no batch dimension to split into "
+            f"{parts}", where=where,
+            fix=f"give it a batch dimension of {factor} (e.g. x.expand({factor}) for the same value in every "
+                "micro-batch), or set deviceIterations, gradientAccumulation and replicationFactor to 1")
+    size = leaf.shape[0]
     lower, upper = (size // factor) * factor, (size // factor + 1) * factor
     return BatchSizeError(
-        f"{_kind(training)} model input of shape {tuple(leaf.shape)}: {got} does not split into "
-        f"{_factors(options, training, replicas)} = {factor} parts", where=user_source_line(),
+        f"{_kind(training)} model input of shape {tuple(leaf.shape)}: batch {size} does not split into {parts}",
+        where=where,
         fix=f"use a batch that is a multiple of {factor}"
             + (f" (nearest: {lower} or {upper})" if lower else f" (e.g. {upper})")
             + ", e.g. with ipuxl.DataLoader(options, ...), which combines batches for you")
@@ -172,8 +190,9 @@ def _per_micro_batch(options: Options, results: Results, streams: list[Any]) -> 
     """One output's results of this process's replicas: ``(n, G, local replicas, *shape)``."""
     n, replicas = options.device_iterations, options.replication_factor
     first, last = _local_replica_range(options)
+    # as_torch: host data of a dtype numpy lacks (bfloat16) comes back in a wider one
     return torch.stack([torch.from_numpy(results[s]).reshape(n, replicas, *s.shape)[:, first:last]
-                        for s in streams], 1)
+                        for s in streams], 1).to(streams[0].dtype.as_torch())
 
 
 def gather_outputs(options: Options, training: bool, program: Program, results: Results) -> Any:
@@ -210,9 +229,14 @@ def reduce_outputs(per_step: list[torch.Tensor], mode: OutputMode, period: int) 
       dimension in the input order (iterations, then accumulation, then replicas);
       scalars become a ``(steps * R,)`` vector;
     * EveryN: micro-batches N-1, 2N-1, ... of each replica, concatenated as in All;
-    * Final: the last micro-batch; Sum: the element-wise sum over the micro-batches.
+    * Final: the last micro-batch; Sum: the element-wise sum over the micro-batches,
+      in the output's dtype (a bool output: whether any micro-batch's was True).
       With R > 1 replicas, one result per replica concatenated along the first
-      dimension (a scalar becomes an ``(R,)`` vector); with one, it keeps its shape.
+      dimension (a scalar becomes an ``(R,)`` vector).
+
+    When one result is returned (a single micro-batch and replica, or Final/Sum
+    with one replica) the output keeps its own shape: a scalar stays 0-d, as
+    upstream, which adds the batch dimension only when it is larger than 1.
     """
     return [_reduce_output(seq, mode, period) for seq in per_step]
 
@@ -226,12 +250,15 @@ def _reduce_output(seq: torch.Tensor, mode: OutputMode, period: int) -> torch.Te
     if mode == OutputMode.Final:
         per_replica = seq[-1]
     elif mode == OutputMode.Sum:
-        per_replica = seq.sum(0)
+        per_replica = seq.any(0) if seq.dtype == torch.bool else seq.sum(0, dtype=seq.dtype)
     else:
         raise ValueError(f"unresolved output mode {mode}")
-    return per_replica[0] if replicas == 1 else _flatten_batch(per_replica)
+    return _flatten_batch(per_replica)
 
 
 def _flatten_batch(seq: torch.Tensor) -> torch.Tensor:
-    """``(k, *shape)`` results -> concatenated along the first dim (scalars: a (k,) vector)."""
+    """``(k, *shape)`` results -> concatenated along the first dim (scalars: a (k,) vector);
+    a single result (k = 1) keeps its own shape."""
+    if seq.shape[0] == 1:
+        return seq[0]
     return seq if seq.dim() == 1 else seq.reshape(seq.shape[0] * seq.shape[1], *seq.shape[2:])

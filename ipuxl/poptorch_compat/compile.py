@@ -27,6 +27,7 @@ from ipuxl.ir.graph import Graph
 from ipuxl.ir.ir import Ir
 from ipuxl.ir.tensor import Tensor
 from ipuxl.passes.outline import outline_ir
+from ipuxl.poptorch_compat.enums import ReductionType
 from ipuxl.poptorch_compat.options import Options
 from ipuxl.poptorch_compat.program import Gradients, Program, StartValues, build_program
 from ipuxl.poptorch_compat.translate import ParamPlan
@@ -52,10 +53,17 @@ def compile_model(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], *
     forward = import_forward(traced, options)
     gradients = differentiate(traced, forward, plans) if training else None
     program = build_program(forward.ir, traced, forward, gradients, start=start, plans=plans,
-                            micro_batches=options.gradient_accumulation if training else 1)
+                            micro_batches=options.gradient_accumulation if training else 1,
+                            reduction=gradient_reduction(options))
     if options.auto_outline:
         outline_program(program)
     return program
+
+
+def gradient_reduction(options: Options) -> str:
+    """How accumulated and replicated gradients combine: PopTorch's
+    ``Training.accumulationAndReplicationReductionType`` (Mean by default, or Sum)."""
+    return "sum" if options.Training.accumulation_and_replication_reduction_type == ReductionType.Sum else "mean"
 
 
 def capture(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], *, training: bool,

@@ -17,7 +17,10 @@ and ``DataLoaderMode`` in ``python/enums.py``):
   ``DataLoaderMode.AsyncRebatched`` makes the underlying loader produce batches of
   ``rebatched_worker_size`` samples (default: the combined batch size) and
   re-assembles them into combined batches; the leftover samples are kept as a
-  final smaller batch only with ``drop_last=False``.
+  final smaller batch only with ``drop_last=False``. Batches may be of a custom
+  type with a registered ``ICustomArgParser`` (``custom_args``), also when rebatched.
+* ``poptorch.AsynchronousDataAccessor`` (``accessor``) reads any iterable ahead
+  the same way.
 
 Differences from upstream, on purpose:
 
@@ -58,9 +61,10 @@ from torch.utils import _pytree as pytree
 
 from ipuxl.errors import InvalidArgumentError, OptionsError
 from ipuxl.ir.context import user_source_line
+from ipuxl.poptorch_compat.custom_args import register_subclasses
 from ipuxl.poptorch_compat.options import Options
 
-__all__ = ["DataLoader", "DataLoaderMode"]
+__all__ = ["DataLoader", "DataLoaderMode", "Prefetcher", "rebatch", "ASYNC_BUFFER_SIZE"]
 
 
 class DataLoaderMode(enum.IntEnum):
@@ -79,7 +83,7 @@ class DataLoaderMode(enum.IntEnum):
 
 # Upstream's AsynchronousDataAccessor options: only ``buffer_size`` matters to a
 # thread; the others configure upstream's worker process and shared memory.
-_ASYNC_BUFFER_SIZE = 3
+ASYNC_BUFFER_SIZE = 3
 _ASYNC_OPTIONS = frozenset({"buffer_size", "miss_sleep_time_in_ms", "load_indefinitely",
                             "early_preload", "sharing_strategy"})
 _POLL_S = 0.05          # how often a blocked producer / consumer checks for shutdown
@@ -139,7 +143,7 @@ class DataLoader(torch.utils.data.DataLoader):
                  rebatched_worker_size: int | None = None,
                  **kwargs: Any) -> None:
         # Set first so that terminate() / __del__ work even if validation fails.
-        self._active: weakref.ReferenceType[_PrefetchIterator] | None = None
+        self._active: weakref.ReferenceType[Prefetcher] | None = None
         _check_arguments(options, batch_size, num_workers, mode, shuffle=shuffle, drop_last=drop_last,
                          persistent_workers=persistent_workers,
                          auto_distributed_partitioning=auto_distributed_partitioning)
@@ -238,8 +242,8 @@ class DataLoader(torch.utils.data.DataLoader):
         self.terminate()
         source: Iterator[Any] = super().__iter__()
         if self._rebatched_size is not None:
-            source = _rebatch(source, self._rebatched_size, self._requested_drop_last)
-        iterator = _PrefetchIterator(source, self._buffer_size)
+            source = rebatch(source, self._rebatched_size, self._requested_drop_last)
+        iterator = Prefetcher(source, self._buffer_size)
         self._active = weakref.ref(iterator)
         return iterator
 
@@ -295,7 +299,7 @@ def _check_async_options(async_options: object, mode: DataLoaderMode) -> int:
     """The prefetch queue bound from ``async_options`` (validated)."""
     where = user_source_line()
     if async_options is None:
-        return _ASYNC_BUFFER_SIZE
+        return ASYNC_BUFFER_SIZE
     if not isinstance(async_options, dict):
         raise InvalidArgumentError(
             f"DataLoader: async_options must be a dict or None, got {_type_name(async_options)}",
@@ -311,7 +315,7 @@ def _check_async_options(async_options: object, mode: DataLoaderMode) -> int:
     if unknown:
         raise OptionsError(f"DataLoader: unknown async_options {unknown}",
                            where=where, fix=f"use some of {sorted(_ASYNC_OPTIONS)}")
-    buffer_size = async_options.get("buffer_size", _ASYNC_BUFFER_SIZE)
+    buffer_size = async_options.get("buffer_size", ASYNC_BUFFER_SIZE)
     if not _is_int(buffer_size) or buffer_size < 1:
         raise OptionsError(f"DataLoader: async_options['buffer_size'] must be an int >= 1, got {buffer_size!r}",
                            where=where, fix='pass for example async_options={"buffer_size": 3}')
@@ -414,11 +418,11 @@ def _process_shard(options: Options, dataset: Any, combined_batch_size: int | No
 
 
 # -- AsyncRebatched -----------------------------------------------------------------
-def _rebatch(source: Iterator[Any], size: int, drop_last: bool) -> Iterator[Any]:
+def rebatch(source: Iterator[Any], size: int, drop_last: bool) -> Iterator[Any]:
     """Concatenate / split the batches of ``source`` into batches of ``size`` samples.
 
-    Every batch must have the same structure (tensor, tuple, list, dict...) of
-    tensors with the same leading (sample) dimension. The leftover samples are a
+    Every batch must have the same structure (tensor, tuple, list, dict, a type
+    with an ``ICustomArgParser``...) of tensors with the same leading (sample) dimension. The leftover samples are a
     final smaller batch unless ``drop_last``.
     """
     spec: pytree.TreeSpec | None = None
@@ -431,6 +435,7 @@ def _rebatch(source: Iterator[Any], size: int, drop_last: bool) -> Iterator[Any]
         return [torch.cat(parts) for parts in zip(*pending)]
 
     for batch in source:
+        register_subclasses(batch)
         leaves, batch_spec = pytree.tree_flatten(batch)
         rows = _batch_rows(leaves)
         if spec is None:
@@ -504,8 +509,9 @@ def _produce(source: Iterator[Any], out: queue.Queue, stop: threading.Event) -> 
     _put(out, _End(), stop)
 
 
-class _PrefetchIterator:
-    """One Async epoch: a daemon thread reads ahead into a bounded queue."""
+class Prefetcher:
+    """An iterator over ``source`` read ahead by a daemon thread into a bounded queue
+    (one Async epoch); an error raised by ``source`` is re-raised by ``__next__``."""
 
     def __init__(self, source: Iterator[Any], buffer_size: int) -> None:
         self._queue: queue.Queue = queue.Queue(maxsize=buffer_size)
@@ -515,7 +521,7 @@ class _PrefetchIterator:
                                         name="ipuxl-dataloader-prefetch", daemon=True)
         self._thread.start()
 
-    def __iter__(self) -> "_PrefetchIterator":
+    def __iter__(self) -> "Prefetcher":
         return self
 
     def __next__(self) -> Any:

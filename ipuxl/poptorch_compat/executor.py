@@ -19,11 +19,20 @@ reads of the module pull and host writes push, per tensor. The torch optimiser's
 A run that fails in step k keeps steps 1..k-1 (host and device agree; the error
 says so). A refused call (a shape that cannot be traced, a changed input dtype)
 leaves the compiled program and the weights as they were.
+
+PopTorch's executor API is here too: ``getPerfCounters`` and the latencies (``perf``:
+host timestamps of the whole call), ``getTensorNames`` (the IR's names),
+``rng_state`` (the device seed), ``save``/``compileAndExport``/``loadExecutable`` and
+``load`` (``executable_file``: an ipuxl file that rebuilds the program), the compile
+hooks (``compile_hooks``) and ``cycleCount`` (refused: no cycle counter).
 """
 from __future__ import annotations
 
+import logging
+import os
+import time
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -32,22 +41,32 @@ from ipuxl.capture.dropout import seed_words
 from ipuxl.device.session import Session, device_for
 from ipuxl.dtypes import to_numpy_dtype
 from ipuxl.errors import (
-    AlreadyWrappedError, DetachedError, DeviceError, InvalidArgumentError, StreamInputError, TraceError,
+    AlreadyWrappedError, DetachedError, DeviceError, ExecutorError, InvalidArgumentError, InvalidValueError,
+    StreamInputError, TraceError, UnsupportedError,
 )
 from ipuxl.ir.context import user_source_line
 from ipuxl.poptorch_compat.batching import (
     MicroBatch, describe, example_call, gather_outputs, replicas_here, split_batch, update_inputs,
 )
 from ipuxl.poptorch_compat.compile import compile_model
+from ipuxl.poptorch_compat.compile_hooks import run_post_compile_hooks, run_pre_compile_hooks
+from ipuxl.poptorch_compat.executable_file import example_inputs, input_specs, read_executable, write_executable
 from ipuxl.poptorch_compat.options import Options
-from ipuxl.poptorch_compat.program import StartValues, optimizer_structure
+from ipuxl.poptorch_compat.perf import CallTimes, latency, perf_counters
+from ipuxl.poptorch_compat.program import StartValues, optimizer_structure, per_replica_seeds
 from ipuxl.poptorch_compat.translate import ParamPlan, translate
 from ipuxl.poptorch_compat.weight_sync import Compiled, WeightSync
 from ipuxl.poptorch_compat.weights import HostSlots, named_tensors, to_numpy
 
-__all__ = ["PoplarExecutor", "trainingModel", "inferenceModel"]
+__all__ = ["PoplarExecutor", "trainingModel", "inferenceModel", "load", "POPTORCH_VERSION"]
+
+#: ``poptorch.__version__``: the PopTorch release whose API ipuxl follows, with ipuxl as local label
+POPTORCH_VERSION = "3.3.0+ipuxl"
+#: PopTorch's message when a method needs a compiled executable
+NO_EXECUTABLE = "Model has not been compiled or has been destroyed."
 
 _LIVE: "weakref.WeakSet[PoplarExecutor]" = weakref.WeakSet()
+_LOG = logging.getLogger("poptorch::python")
 
 
 def trainingModel(model: torch.nn.Module, options: Options | None = None,  # noqa: N802 - PopTorch's name
@@ -109,16 +128,19 @@ class PoplarExecutor:
             raise InvalidArgumentError(f"options must be ipuxl.Options, got {type(options).__name__}",
                                        where=user_source_line(), fix="pass ipuxl.Options()")
         self._user_model = model
-        self.model = model if loss is None else _WithLoss(model, loss)
+        self._model = model if loss is None else _WithLoss(model, loss)  # what the program calls
         self.options = options if options is not None else Options()
         self.training = training
-        self._names = {p: n for n, p in torch.nn.Module.named_parameters(self.model)}
+        self._names = {p: n for n, p in torch.nn.Module.named_parameters(self._model)}
         plans = translate(optimizer, self._names) if training and optimizer is not None else []
         self._key: tuple | None = None  # the compile key: the micro-batch call (``batching.split_batch``)
         self._destroyed = False
         self.compile_count = 0
         self._seed = _initial_seed(self.options)
-        self._sync = WeightSync(self.model, training=training, optimizer=optimizer, plans=plans)
+        self._seed_dirty = False  # rng_state set while detached: written on attach
+        self._times: CallTimes | None = None  # the last call's timestamps (getPerfCounters)
+        self._example: Any = None  # the compiled call's input specs (save)
+        self._sync = WeightSync(self._model, training=training, optimizer=optimizer, plans=plans)
         _LIVE.add(self)
 
     @property
@@ -129,37 +151,48 @@ class PoplarExecutor:
     # -- calling ------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self._require_usable("call the model")
+        started = time.perf_counter()
         batch = split_batch(self.options, self.training, args, kwargs)
-        self._ensure_program(batch.micro)
+        self._ensure_program(batch.micro, (args, kwargs))
         if not self._sync.attached:
             raise DetachedError(f"the {self._kind} model is detached from its device",
                                 where=user_source_line(), fix="call model.attachToDevice() before running it")
         self._sync_before_run()
         compiled = self._require_compiled()  # pushing a loaded optimiser's state may have recompiled
         program = compiled.program
+        staged = time.perf_counter()
         try:
             results = compiled.session.run(dict(zip(program.inputs, batch.stacked)))
         except DeviceError as exc:
             if exc.steps_applied is not None:  # steps ran: the device keeps them (see Session.run)
                 self._sync.after_run(exc.steps_applied, partial=True)
             raise
+        ran = time.perf_counter()
         self._sync.after_run(self.options.device_iterations)
         update_inputs(self.options, program, results, batch.tensors)
-        return gather_outputs(self.options, self.training, program, results)
+        outputs = gather_outputs(self.options, self.training, program, results)
+        self._times = CallTimes(started, staged, ran, time.perf_counter(), len(program.inputs),
+                                len(program.outputs), self.options.device_iterations)
+        return outputs
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
-        """Trace and compile for these inputs without running (PopTorch's ``compile``)."""
+        """Trace and compile for these inputs without running (PopTorch's ``compile``;
+        unlike upstream, a call with other input shapes compiles for them)."""
         self._require_usable("compile the model")
-        self._ensure_program(split_batch(self.options, self.training, args, kwargs).micro)
+        key = split_batch(self.options, self.training, args, kwargs).micro
+        if self._sync.compiled is not None and key == self._key:
+            _LOG.warning("Call to compile() ignored: the executable is already compiled")
+            return
+        self._ensure_program(key, (args, kwargs))
 
     @property
     def _kind(self) -> str:
         return "training" if self.training else "inference"
 
     # -- compiling ------------------------------------------------------------------------
-    def _ensure_program(self, key: tuple) -> None:
-        """Have a program compiled for the call ``key`` (``batching.SplitBatch.micro``):
-        compile when the key changed (refused under ``Options.staticShapes``)."""
+    def _ensure_program(self, key: tuple, call: tuple[tuple, dict[str, Any]]) -> None:
+        """Have a program compiled for the call ``key`` (``batching.SplitBatch.micro``) of
+        the inputs ``call``: compile when the key changed (refused under ``Options.staticShapes``)."""
         compiled = self._sync.compiled
         if compiled is not None and key == self._key:
             return
@@ -172,6 +205,7 @@ class PoplarExecutor:
                     fix="keep input shapes and dtypes fixed (e.g. drop_last=True in the DataLoader), or "
                         "leave Options.staticShapes off to recompile on a change")
         self._rebuild(key)
+        self._example = input_specs(call)
 
     def _check_same_dtypes(self, compiled: Compiled, key: tuple) -> None:
         """Refuse an input whose dtype differs from the compiled program's (PopTorch does too)."""
@@ -206,12 +240,16 @@ class PoplarExecutor:
             states_from_optimizer = True
         start = self._start_values(states_from_optimizer)
         args, kwargs = example_call(key)
-        program = compile_model(self.model, args, kwargs, training=self.training, options=self.options,
-                                start=start, plans=self._trainable_plans())
-        slots = HostSlots(self.model, {**program.params, **program.buffers},
-                          device=device_for(self.options.device_type), bind=replicas_here(self.options) == 1)
-        session = Session(program.ir, self.options.device_type, storage=slots.storage())
-        session.__enter__()
+        run_pre_compile_hooks()
+        try:
+            program = compile_model(self._model, args, kwargs, training=self.training, options=self.options,
+                                    start=start, plans=self._trainable_plans())
+            slots = HostSlots(self._model, {**program.params, **program.buffers},
+                              device=device_for(self.options.device_type), bind=replicas_here(self.options) == 1)
+            session = Session(program.ir, self.options.device_type, storage=slots.storage())
+            session.__enter__()
+        finally:
+            run_post_compile_hooks()
         self.options.freeze()
         sync.use(Compiled(program, session, slots))
         self._key, self._seed = key, start.seed
@@ -229,12 +267,12 @@ class PoplarExecutor:
             states = sync.optimizer_states() if self.training else {}
             seed = None
         sync.pull_shared()
-        weights = {n: to_numpy(t) for n, t in named_tensors(self.model)}
+        weights = {n: to_numpy(t) for n, t in named_tensors(self._model)}
         return StartValues(weights, states, self._seed if seed is None else seed)
 
     def _trainable_plans(self) -> list[ParamPlan]:
         """Plans of the parameters that take gradients (torch.optim skips the others)."""
-        params = dict(torch.nn.Module.named_parameters(self.model))
+        params = dict(torch.nn.Module.named_parameters(self._model))
         return [plan for plan in self._sync.plans if params[plan.name].requires_grad]
 
     def _translate(self) -> list[ParamPlan]:
@@ -283,12 +321,16 @@ class PoplarExecutor:
 
     # -- optimiser ------------------------------------------------------------------------
     def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:  # noqa: N802
-        """Use ``optimizer``'s hyperparameters from the next call.
+        """Use ``optimizer``'s hyperparameters from the next call (PopTorch's ``setOptimizer``).
 
         Learning rates are variables of the program: changing them (e.g. from an LR
         scheduler) writes those variables, without recompiling. Other changes
-        (momentum, weight decay, optimiser type...) recompile, keeping the state of
-        the parameters whose optimiser state still applies.
+        (momentum, weight decay, loss scaling, optimiser type...) recompile, keeping
+        the weights and the state of the parameters whose optimiser state still
+        applies. PopTorch instead updates the attributes marked variable
+        (``optimizer.variable_attrs``) in place and refuses to change a constant
+        attribute or the optimiser type once compiled; every change PopTorch accepts
+        gives the same numbers here.
         """
         self._require_usable("set the optimizer")
         if not self.training:
@@ -333,6 +375,9 @@ class PoplarExecutor:
             raise DetachedError(f"the {self._kind} model is not attached to a device", where=user_source_line(),
                                 fix="only detach an attached (compiled) model")
         self._sync.pull(keep_host_writes=True)
+        seed = self._sync.device_seed()
+        if seed is not None and not self._seed_dirty:
+            self._seed = seed  # rng_state keeps reading the device's state while detached
         self._sync.attached = False
 
     def attachToDevice(self) -> None:  # noqa: N802
@@ -346,6 +391,8 @@ class PoplarExecutor:
                                 fix="detachFromDevice() first")
         self._sync.attached = True
         self.copyWeightsToDevice()
+        if self._seed_dirty:
+            self._write_seed()
 
     def report(self, spec: Any = None) -> Any:
         """The compiled program's ``ipuxl.device.report.ProgramReport`` (op counts, code size with
@@ -356,10 +403,131 @@ class PoplarExecutor:
         return self._session.report(spec)
 
     def isAttachedToDevice(self) -> bool:  # noqa: N802
+        """Whether the compiled program holds its (simulated) device; False before compiling."""
         return self._sync.attached
 
     def isCompiled(self) -> bool:  # noqa: N802
+        """Whether the model has been compiled (and not destroyed)."""
         return self._sync.compiled is not None
+
+    # -- PopTorch's executor API: perf counters, tensor names, random state, files ------------
+    def getPerfCounters(self) -> dict[str, list[list[float]]]:  # noqa: N802
+        """Timestamps of the last call: ``{"input", "input_complete", "output",
+        "output_complete"}``, each a list per input (output) tensor of one value per
+        device iteration, in seconds. ipuxl times the whole call, not each iteration:
+        every iteration holds the call's timestamps (see ``perf``)."""
+        return perf_counters(self._times)
+
+    def getHostIpuLatency(self) -> tuple[float, float, float]:  # noqa: N802
+        """``(min, max, average)`` seconds from the first input requested to the last transferred."""
+        return latency(self.getPerfCounters(), "input", min, "input_complete", max)
+
+    def getComputeLatency(self) -> tuple[float, float, float]:  # noqa: N802
+        """``(min, max, average)`` seconds from the last input transferred to the last output available."""
+        return latency(self.getPerfCounters(), "input_complete", max, "output", max)
+
+    def getIpuHostLatency(self) -> tuple[float, float, float]:  # noqa: N802
+        """``(min, max, average)`` seconds from the first output available to the last copied to the host."""
+        return latency(self.getPerfCounters(), "output", min, "output_complete", max)
+
+    def getLatency(self) -> tuple[float, float, float]:  # noqa: N802
+        """``(min, max, average)`` round-trip seconds: first input requested to last output copied."""
+        return latency(self.getPerfCounters(), "input", min, "output_complete", max)
+
+    def cycleCount(self) -> int:  # noqa: N802
+        """PopTorch's IPU cycle count: not available, the simulated device has no cycle counter."""
+        raise ExecutorError("cycleCount(): the simulated IPU has no hardware cycle counter", where=user_source_line(),
+                            fix="time calls with getPerfCounters() or getLatency() instead")
+
+    def getTensorNames(self) -> list[str]:  # noqa: N802
+        """The names of the compiled program's tensors (ipuxl's names): its host streams,
+        then every tensor of every graph (variables, constants, op results) in program order."""
+        compiled = self._compiled_for("getTensorNames")
+        ir = compiled.program.ir
+        names = [stream.name for stream in ir.streams] + [t.name for g in ir.graphs for t in g.tensors]
+        return list(dict.fromkeys(names))
+
+    @property
+    def rng_state(self) -> list[int]:
+        """The device's random seed state: the seed words of the generator that dropout and
+        random ops draw from (with R replicas, each replica's two words). Setting it back
+        reproduces the same random draws."""
+        compiled = self._compiled_for("rng_state")
+        seed = self._sync.device_seed() if self._sync.attached else None
+        value = self._seed if seed is None or compiled.program.seed is None else seed
+        return [int(v) for v in np.asarray(value).reshape(-1)]
+
+    @rng_state.setter
+    def rng_state(self, state: Sequence[int]) -> None:
+        self._compiled_for("set rng_state")
+        replicas = self.options.replication_factor
+        words = np.asarray(list(state), np.int64)
+        if words.size == 2:
+            words = words if replicas == 1 else per_replica_seeds(words, replicas)
+        elif words.size == 2 * replicas:
+            words = words.reshape(replicas, 2)
+        else:
+            raise InvalidValueError(f"rng_state must hold 2 seed words (or 2 per replica: {2 * replicas}), got "
+                                    f"{words.size}", where=user_source_line(),
+                                    fix="pass a value read from model.rng_state")
+        self._seed = words
+        self._seed_dirty = True
+        if self._sync.attached:
+            self._write_seed()
+
+    def _write_seed(self) -> None:
+        compiled = self._require_compiled()
+        self._seed_dirty = False
+        if compiled.program.seed is not None:
+            compiled.session.write_variables_data({compiled.program.seed: self._seed})
+
+    def save(self, filename: str | os.PathLike[str], export_model: bool = True, save_rng_state: bool = True) -> None:
+        """Save the compiled model to an ipuxl executable file (``executable_file``).
+
+        Args:
+            export_model: also save the module (with its current weights) and the
+                optimiser (with its state), so that ``load(filename)`` rebuilds it all;
+                else wrap the module yourself and call ``loadExecutable(filename)``.
+            save_rng_state: also save ``rng_state``.
+        """
+        self._compiled_for("save")
+        assert self._example is not None, "a compiled model has example inputs"
+        contents: dict[str, Any] = {"poptorch_version": POPTORCH_VERSION, "training": self.training,
+                                    "inputs": self._example, "options": self.options}
+        if export_model:
+            self._sync.pull_state_if_newer()
+            contents.update(model=self._user_model, optimizer=self.optimizer,
+                            loss=self._model.loss_fn if isinstance(self._model, _WithLoss) else None)
+        if save_rng_state:
+            contents["rng_state"] = self.rng_state
+        write_executable(filename, contents)
+
+    def compileAndExport(self, filename: str | os.PathLike[str], *args: Any, export_model: bool = True,  # noqa: N802
+                         **kwargs: Any) -> None:
+        """Compile for these inputs (as ``compile``) and ``save`` the result to ``filename``."""
+        self.compile(*args, **kwargs)
+        self.save(filename, export_model)
+
+    def loadExecutable(self, filename: str | os.PathLike[str]) -> None:  # noqa: N802
+        """Compile for the inputs saved in an ipuxl executable file and restore its
+        ``rng_state`` (the weights and optimiser stay this model's own)."""
+        self._require_usable("load an executable")
+        data = read_executable(filename)
+        if data["training"] != self.training:
+            saved = "training" if data["training"] else "inference"
+            raise ExecutorError(f"{os.fspath(filename)} holds a {saved} executable; this is a {self._kind} model",
+                                where=user_source_line(), fix=f"load it into a {saved} model")
+        args, kwargs = example_inputs(data["inputs"])
+        self.compile(*args, **kwargs)
+        if "rng_state" in data:
+            self.rng_state = data["rng_state"]
+
+    def _compiled_for(self, what: str) -> Compiled:
+        compiled = self._sync.compiled
+        if compiled is None:
+            raise ExecutorError(f"{what}: {NO_EXECUTABLE}", where=user_source_line(),
+                                fix="call the model (or model.compile(...)) first")
+        return compiled
 
     def destroy(self) -> None:
         """Copy weights to the host, then release the program; the wrapper can no longer be used."""
@@ -385,10 +553,16 @@ class PoplarExecutor:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        return getattr(self.__dict__["model"], name)
+        return getattr(self.__dict__["_user_model"], name)
 
     def __repr__(self) -> str:
-        return f"PoplarExecutor({self._kind}, {self.model!r})"
+        """The wrapped module's ``repr`` (as upstream)."""
+        return repr(self._user_model)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The wrapped ``torch.nn.Module`` (the one passed to ``trainingModel``/``inferenceModel``)."""
+        return self._user_model
 
     @property
     def session(self) -> Session | None:
@@ -412,3 +586,33 @@ def _initial_seed(options: Options) -> np.ndarray:
     if seed is None:
         return torch.randint(0, 2**31 - 1, (2,), dtype=torch.int64).numpy()
     return seed_words(seed)
+
+
+def load(filename: str | os.PathLike[str],
+         edit_opts_fn: Callable[[Options], None] | None = None) -> PoplarExecutor:
+    """Rebuild a model saved by ``compileAndExport``/``save`` with ``export_model=True``
+    (PopTorch's ``poptorch.load``): the module, its optimiser and options, compiled for
+    the saved inputs, with the saved ``rng_state``.
+
+    Args:
+        edit_opts_fn: called with (a copy of) the saved options before the model is
+            wrapped, e.g. to change ``deviceIterations``.
+
+    Raises:
+        ExecutorError: the file is not an ipuxl executable, or holds no model.
+    """
+    data = read_executable(filename)
+    if data.get("model") is None:
+        raise ExecutorError(f"{os.fspath(filename)} holds no model: it was saved with export_model=False",
+                            where=user_source_line(),
+                            fix="wrap the module with trainingModel/inferenceModel and call "
+                                "loadExecutable(filename) on it")
+    options = data["options"].clone()
+    if edit_opts_fn is not None:
+        edit_opts_fn(options)
+    if data["training"]:
+        executor = trainingModel(data["model"], options, optimizer=data["optimizer"], loss=data.get("loss"))
+    else:
+        executor = inferenceModel(data["model"], options)
+    executor.loadExecutable(filename)
+    return executor

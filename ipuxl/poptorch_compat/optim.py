@@ -1,52 +1,65 @@
-"""PopTorch-style optimisers: ``torch.optim`` classes plus PopTorch's extra arguments.
+"""PopTorch's optimisers (``poptorch.optim``): ``torch.optim`` classes plus PopTorch's extra arguments.
 
 ``SGD``, ``Adam``, ``AdamW`` and ``RMSprop`` subclass the ``torch.optim`` class of
-the same name and take the same arguments, followed by PopTorch's extras (keyword
-only); ``LAMB`` is a ``torch.optim.Optimizer`` of its own. Every extra is recorded in
-``defaults`` and in every param group, so groups can differ (``[{"params": ...,
-"loss_scaling": 128.0}, ...]``); ``ipuxl.poptorch_compat.translate`` reads them from the groups.
+the same name and take the same arguments, followed by PopTorch 3.x's extras
+(keyword only); ``LAMB`` is a ``torch.optim.Optimizer`` of its own. All of them
+subclass :class:`Optimizer`. Every extra is an optimizer attribute, as upstream
+(``opt.loss_scaling = 512.0``, ``opt.accum_type``), and is also recorded in
+``defaults`` and in every param group, where ipuxl reads it; groups may differ in
+the accumulator dtypes and ``bias_correction`` (an ipuxl extension) but not in
+``loss_scaling`` and ``max_grad_norm``, which are one value per optimiser.
+``opt.variable_attrs`` (:class:`VariableAttributes`) records which attributes are
+variable, as upstream (the arguments passed explicitly).
 
-Extras:
+With every extra at its default the eager ``.step()`` *is* ``torch.optim``'s, as
+upstream's is. Extras:
 
-* ``loss_scaling``: the gradient the optimiser uses is ``p.grad / loss_scaling``, in
-  the eager ``.step()`` too. A user who multiplies the loss by ``loss_scaling`` before
-  ``backward()`` therefore gets ``torch.optim``'s result (exactly for powers of two).
-* ``accum_type``: dtype for accumulating gradients over micro-batches (PopTorch's
-  gradient accumulator); it is recorded for the compiler and does nothing in an eager
-  step, which has no gradient accumulation.
+* ``loss_scaling``: on the device the loss is multiplied by it before the backward
+  pass and the gradients divided by it before the update, as PopTorch does (no
+  numeric effect beyond rounding). The eager ``.step()`` ignores it, as upstream's.
+* ``max_grad_norm`` (SGD, Adam, AdamW; default ``inf``): the gradients of all the
+  optimiser's parameters are scaled by ``max_grad_norm / max(norm, max_grad_norm)``
+  (``norm``: their global L2 norm) before the update, in the eager step too.
+* ``accum_type``: dtype for accumulating gradients over micro-batches; recorded
+  (ipuxl accumulates in the gradient's dtype).
 * ``first_order_momentum_accum_type`` / ``second_order_momentum_accum_type``
-  (``velocity_accum_type`` for SGD): dtypes of the optimiser states (``torch.float16``
-  or ``torch.float32``). Adam/AdamW/LAMB: ``exp_avg`` / ``exp_avg_sq`` (and
-  ``max_exp_avg_sq``); RMSprop: ``square_avg`` / ``grad_avg`` (as PopTorch maps them
-  onto PopART's accl1/accl2; the momentum buffer keeps the weight's dtype); SGD:
-  ``momentum_buffer``. ``None`` (the default here) means the weight's dtype, as
-  ``torch.optim`` (PopTorch's default is float32, the same for float32 weights). A
-  state of another dtype is stored rounded to it and read back into the weight's
-  dtype for the arithmetic, as ``ipuxl.optim.rules`` does.
-* ``bias_correction`` (AdamW, LAMB), ``max_weight_norm`` (LAMB: ``None`` means 65500,
-  PopTorch's float16 maximum; ``float("inf")`` turns the clipping off).
-* ``max_grad_norm``: only the default ``inf`` (gradient clipping is not supported yet).
-* ``velocity_scaling`` (SGD): only ``1.0``; ``use_combined_accum`` (SGD) is recorded
-  (both PopTorch variants are mathematically torch's SGD); ``use_tf_variant``
-  (RMSprop): only ``False``.
+  (``velocity_accum_type`` for SGD): dtypes of the optimiser states, float32 by
+  default as upstream (float16 and float64 weights then keep float32 states).
+  Adam/AdamW/LAMB: ``exp_avg`` / ``exp_avg_sq`` (and ``max_exp_avg_sq``); RMSprop:
+  ``square_avg`` / ``grad_avg``; SGD: ``momentum_buffer``. ``None`` means the
+  weight's dtype. A state of another dtype is stored rounded to it and read back
+  into the weight's dtype for the arithmetic, as ``ipuxl.optim.rules`` does.
+* ``bias_correction`` (AdamW, LAMB), ``max_weight_norm`` (LAMB: ``None`` means
+  65500, PopTorch's float16 maximum; ``float("inf")`` turns the clipping off).
+* ``velocity_scaling`` and ``use_combined_accum`` (SGD): recorded. Both of
+  PopTorch's SGD variants are mathematically torch's SGD, and the combined variant
+  divides the velocity scaling out again: no effect on a simulated device.
+  Without ``use_combined_accum`` upstream warns that ``velocity_scaling`` is
+  ignored; so does ipuxl (logger ``poptorch::python``).
+* ``use_tf_variant`` (RMSprop): TensorFlow's RMSprop, as upstream: ``square_avg``
+  starts at one, ``eps`` goes inside the square root and the learning rate into
+  the momentum buffer.
 
-With every extra at its default the eager ``.step()`` *is* ``torch.optim``'s. A
-parameter whose states have another dtype, or an AdamW without bias correction, is
+Unlike PopTorch, ``amsgrad=True`` (Adam, AdamW) and ``nesterov=True`` (SGD) work.
+A parameter whose states have another dtype, or an AdamW without bias correction, is
 updated by an eager implementation of the same formula (``ipuxl.optim.rules``); the
-other parameters still go through ``torch.optim``'s own step.
+other parameters go through ``torch.optim``'s own step.
 """
 from __future__ import annotations
 
+import functools
+import inspect
+import logging
 import math
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 
 import torch
 
-from ipuxl.errors import InvalidArgumentError
+from ipuxl.errors import InvalidArgumentError, InvalidValueError
 from ipuxl.ir.context import user_source_line
 
-__all__ = ["SGD", "Adam", "AdamW", "RMSprop", "LAMB"]
+__all__ = ["Optimizer", "VariableAttributes", "SGD", "Adam", "AdamW", "RMSprop", "LAMB"]
 
 INF = float("inf")
 LAMB_MAX_WEIGHT_NORM = 65500.0  # PopTorch's default (float16 max) when max_weight_norm is None
@@ -61,6 +74,9 @@ _STATE_DTYPE_OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
     "rmsprop": {"first_order_momentum_accum_type": ("square_avg",),
                 "second_order_momentum_accum_type": ("grad_avg",)},
 }
+# extras that are one value for the whole optimiser (PopTorch: optimizer attributes the device reads once)
+GLOBAL_EXTRAS = ("loss_scaling", "max_grad_norm")
+_LOG = logging.getLogger("poptorch::python")
 # rules' state name -> torch.optim's state name
 TORCH_STATE_NAMES = {"first_order": "exp_avg", "second_order": "exp_avg_sq", "max_second_order": "max_exp_avg_sq",
                      "step": "step", "momentum_buffer": "momentum_buffer", "square_avg": "square_avg",
@@ -121,17 +137,14 @@ def check_extras(owner: str, group: dict[str, Any]) -> None:
             _check_dtype(f"{owner}: {key}", group[key])
     if "max_grad_norm" in group:
         mgn = group["max_grad_norm"]
-        if mgn is not None and not (isinstance(mgn, (int, float)) and mgn == INF):
-            raise _error(f"{owner}: max_grad_norm={mgn!r} is not supported yet (gradient clipping by norm "
-                         "is not implemented in ipuxl)",
-                         "leave max_grad_norm at its default (inf), or clip the gradients yourself")
-    if "velocity_scaling" in group and group["velocity_scaling"] != 1.0:
-        raise _error(f"{owner}: velocity_scaling={group['velocity_scaling']!r} is not supported: ipuxl's SGD "
-                     "keeps an unscaled velocity (PopTorch's separate-tensor variant, which ignores it too)",
-                     "leave velocity_scaling at 1.0; the update is mathematically the same")
-    if group.get("use_tf_variant", False):
-        raise _error(f"{owner}: use_tf_variant=True (TensorFlow's RMSprop) is not supported",
-                     "use use_tf_variant=False (PyTorch's RMSprop)")
+        if isinstance(mgn, bool) or not isinstance(mgn, (int, float)) or not mgn > 0:
+            raise _error(f"{owner}: max_grad_norm must be a number > 0 (float('inf'): no clipping), got {mgn!r}",
+                         "pass a positive float, or leave it at its default (inf)")
+    if "velocity_scaling" in group:
+        vs = group["velocity_scaling"]
+        if isinstance(vs, bool) or not isinstance(vs, (int, float)) or not math.isfinite(vs) or vs <= 0:
+            raise _error(f"{owner}: velocity_scaling must be a finite number > 0, got {vs!r}",
+                         "pass a positive float (1.0: no velocity scaling)")
     for key in ("bias_correction", "use_combined_accum", "use_tf_variant"):
         if key in group and not isinstance(group[key], bool):
             raise _error(f"{owner}: {key} must be a bool, got {group[key]!r}", f"pass {key}=True or False")
@@ -142,14 +155,76 @@ def check_extras(owner: str, group: dict[str, Any]) -> None:
                          "pass a positive float, float('inf') for no clipping, or None for PopTorch's 65500")
 
 
+class VariableAttributes:
+    """Which optimiser attributes are variable and which constant (PopTorch's class).
+
+    Every PopTorch optimiser has one as ``opt.variable_attrs``: the arguments passed
+    explicitly to the constructor are variable, the others constant. PopTorch bakes
+    constant attributes into the program and refuses to change them with
+    ``setOptimizer`` once compiled; ipuxl records the marks and recompiles on any
+    change other than the learning rate (see ``PoplarExecutor.setOptimizer``).
+
+    Example:
+        >>> opt = ipuxl.optim.SGD(model.parameters(), lr=0.01)
+        >>> opt.variable_attrs.isConstant("momentum")
+        True
+    """
+
+    def __init__(self, variable_attributes: list[str], allowed_attributes: list[str]) -> None:
+        self._variable_attributes = list(variable_attributes)
+        self._allowed_attributes = list(allowed_attributes)
+
+    def isConstant(self, attr: str) -> bool:  # noqa: N802 - PopTorch's name
+        """True unless ``attr`` is marked variable."""
+        return attr not in self._variable_attributes
+
+    def markAsConstant(self, attr: str) -> None:  # noqa: N802
+        """Mark ``attr`` constant."""
+        self._check(attr)
+        self._variable_attributes = [a for a in self._variable_attributes if a != attr]
+
+    def markAsVariable(self, attr: str) -> None:  # noqa: N802
+        """Mark ``attr`` variable."""
+        self._check(attr)
+        if attr not in self._variable_attributes:
+            self._variable_attributes.append(attr)
+
+    def _check(self, attr: str) -> None:
+        if attr not in self._allowed_attributes:
+            raise InvalidValueError(f"Unknown attribute {attr!r}, allowed values: {self._allowed_attributes}",
+                                    where=user_source_line(), fix="use one of the allowed attribute names")
+
+    def __repr__(self) -> str:
+        return f"VariableAttributes(variable={self._variable_attributes})"
+
+
+_Init = TypeVar("_Init", bound=Callable[..., None])
+
+
+def _records_explicit_args(init: _Init) -> _Init:
+    """Decorate an optimiser's ``__init__``: the arguments passed explicitly become
+    ``variable_attrs``' variable attributes (as upstream)."""
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        explicit = [k for k in signature.bind(self, *args, **kwargs).arguments if k not in ("self", "params")]
+        init(self, *args, **kwargs)
+        # a decorated subclass constructor finishes last: its caller's arguments win
+        self.variable_attrs = VariableAttributes(explicit, list(self.defaults))
+
+    return wrapper  # type: ignore[return-value]
+
+
 if TYPE_CHECKING:  # the mixin always comes before a torch optimiser in the bases: type it as one
     _MixinBase = torch.optim.Optimizer
 else:
     _MixinBase = object
 
 
-class _Extras(_MixinBase):
-    """Mixin: PopTorch extras recorded in ``defaults`` and in every param group."""
+class Optimizer(_MixinBase):
+    """Base of PopTorch's optimisers (``poptorch.optim.Optimizer``): the PopTorch extras
+    as optimizer attributes, recorded in ``defaults`` and in every param group."""
 
     _rule: str = ""
     _torch_base: type[torch.optim.Optimizer] | None = None
@@ -161,13 +236,44 @@ class _Extras(_MixinBase):
     def _finish_extras(self) -> None:
         self.defaults.update(self._ipuxl_extras)
 
+    # -- the extras as attributes (PopTorch stores them on the optimizer) ------------------
+    def __getattr__(self, name: str) -> Any:
+        extras = self.__dict__.get("_ipuxl_extras")
+        if extras is not None and name in extras:
+            return extras[name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        extras = self.__dict__.get("_ipuxl_extras")
+        if extras is None or name not in extras or "param_groups" not in self.__dict__:
+            super().__setattr__(name, value)
+            return
+        if name == "max_weight_norm" and value is None:
+            value = LAMB_MAX_WEIGHT_NORM
+        check_extras(type(self).__name__, {name: value})
+        extras[name] = value
+        self.defaults[name] = value
+        for group in self.param_groups:
+            group[name] = value
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        owner = f"{type(self).__name__} param group {len(getattr(self, 'param_groups', []))}"
         for key, value in getattr(self, "_ipuxl_extras", {}).items():
             if key == "max_weight_norm" and param_group.get(key, 0) is None:
                 param_group[key] = LAMB_MAX_WEIGHT_NORM  # PopTorch: None means the float16 maximum
+            if key in GLOBAL_EXTRAS and param_group.setdefault(key, value) != value:
+                raise _error(f"{owner}: {key}={param_group[key]!r}, but {key} is one value for the whole optimiser "
+                             f"({value!r}; PopTorch: an optimizer attribute)",
+                             f"set it on the optimiser (opt.{key} = ...) instead of in a param group")
             param_group.setdefault(key, value)
-        check_extras(f"{type(self).__name__} param group {len(getattr(self, 'param_groups', []))}", param_group)
+        check_extras(owner, param_group)
         super().add_param_group(param_group)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.update(_ipuxl_extras=self.__dict__.get("_ipuxl_extras", {}),
+                     variable_attrs=self.__dict__.get("variable_attrs"))
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -185,12 +291,13 @@ class _Extras(_MixinBase):
         raise NotImplementedError
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One update of every parameter with a gradient (``p.grad / loss_scaling``)."""
+        """One update of every parameter with a gradient (clipped to ``max_grad_norm``;
+        ``loss_scaling`` is not applied, as in PopTorch's eager step)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        with _unscaled_grads(self.param_groups):
+        with clipped_grads(self.param_groups, getattr(self, "_ipuxl_extras", {}).get("max_grad_norm", INF)):
             own = [(group, p, p.grad) for group in self.param_groups for p in group["params"]
                    if p.grad is not None and self._own_update(group, p)]
             for _, p, _ in own:
@@ -208,7 +315,7 @@ class _Extras(_MixinBase):
 
 
 def unwrapped_step(cls: type[torch.optim.Optimizer]) -> Callable[..., Any]:
-    """``cls.step`` without torch's profiling/hook wrapper (``_Extras.step`` already runs
+    """``cls.step`` without torch's profiling/hook wrapper (``Optimizer.step`` already runs
     the hooks; ``translate`` compares the steps of two classes)."""
     fn: Any = cls.step
     while getattr(fn, "hooked", False) and hasattr(fn, "__wrapped__"):
@@ -216,28 +323,30 @@ def unwrapped_step(cls: type[torch.optim.Optimizer]) -> Callable[..., Any]:
     return fn
 
 
+def clip_factor(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """PopART's gradient clipping factor ``max_norm / max(norm, max_norm)`` (1 when ``norm <= max_norm``)."""
+    return max_norm / torch.clamp(norm, min=max_norm)
+
+
 @contextmanager
-def _unscaled_grads(groups: Iterable[dict[str, Any]]) -> Iterator[None]:
-    """Temporarily replace ``p.grad`` by ``p.grad / loss_scaling`` in groups that scale the loss."""
-    saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+def clipped_grads(groups: Iterable[dict[str, Any]], max_norm: float) -> Iterator[None]:
+    """Temporarily scale every ``p.grad`` of ``groups`` so that their global L2 norm is at
+    most ``max_norm`` (the user's gradient tensors come back unchanged afterwards)."""
+    params = [p for group in groups for p in group["params"] if p.grad is not None]
+    if max_norm == INF or not params:
+        yield
+        return
+    grads = [p.grad for p in params]
+    with torch.no_grad():
+        norm = torch.stack([g.detach().double().square().sum() for g in grads]).sum().sqrt()
+        factor = clip_factor(norm, max_norm)
+        for p, g in zip(params, grads):
+            p.grad = (g * factor).to(g.dtype)
     try:
-        with torch.no_grad():
-            _scale_grads(groups, saved)
         yield
     finally:
-        for p, grad in saved:
-            p.grad = grad
-
-
-def _scale_grads(groups: Iterable[dict[str, Any]], saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    for group in groups:
-        ls = group.get("loss_scaling", 1.0)
-        if ls == 1.0:
-            continue
-        for p in group["params"]:
-            if p.grad is not None:
-                saved.append((p, p.grad))
-                p.grad = p.grad / ls
+        for p, g in zip(params, grads):
+            p.grad = g
 
 
 # -- eager rule helpers --------------------------------------------------------------
@@ -272,23 +381,27 @@ def _dtype_of(group: dict[str, Any], rule: str, state: str, p: torch.Tensor) -> 
 
 
 # -- SGD ------------------------------------------------------------------------------------
-class SGD(_Extras, torch.optim.SGD):
+class SGD(Optimizer, torch.optim.SGD):
     """``torch.optim.SGD`` with PopTorch's extras (see the module docstring).
 
-    Extras: ``loss_scaling=1.0``, ``velocity_scaling=1.0`` (only 1.0),
-    ``use_combined_accum=False``, ``accum_type=None``, ``velocity_accum_type=None``
-    (``momentum_buffer``'s dtype), ``max_grad_norm=inf`` (only inf).
+    Extras: ``loss_scaling=1.0``, ``velocity_scaling=1.0``, ``use_combined_accum=False``,
+    ``accum_type=torch.float32``, ``velocity_accum_type=torch.float32``
+    (``momentum_buffer``'s dtype), ``max_grad_norm=inf``.
     """
 
     _rule = "sgd"
     _torch_base = torch.optim.SGD
 
+    @_records_explicit_args
     def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-3, momentum: float = 0,
                  dampening: float = 0, weight_decay: float | torch.Tensor = 0, nesterov: bool = False, *,
                  maximize: bool = False, foreach: bool | None = None, differentiable: bool = False,
                  fused: bool | None = None, loss_scaling: float = 1.0, velocity_scaling: float = 1.0,
-                 use_combined_accum: bool = False, accum_type: torch.dtype | None = None,
-                 velocity_accum_type: torch.dtype | None = None, max_grad_norm: float | None = INF) -> None:
+                 use_combined_accum: bool = False, accum_type: torch.dtype | None = torch.float32,
+                 velocity_accum_type: torch.dtype | None = torch.float32,
+                 max_grad_norm: float | None = INF) -> None:
+        if velocity_scaling != 1.0 and not use_combined_accum:
+            _LOG.warning("velocity_scaling value ignored when using the separate variant (use_combined_accum=False)")
         self._set_extras(dict(loss_scaling=loss_scaling, velocity_scaling=velocity_scaling,
                               use_combined_accum=use_combined_accum, accum_type=accum_type,
                               velocity_accum_type=velocity_accum_type,
@@ -345,25 +458,27 @@ def _adam_update(self: torch.optim.Optimizer, group: dict[str, Any], p: torch.Te
     p.add_((m.to(compute) / denom).to(p.dtype), alpha=-lr / bc1)
 
 
-class Adam(_Extras, torch.optim.Adam):
+class Adam(Optimizer, torch.optim.Adam):
     """``torch.optim.Adam`` with PopTorch's extras (see the module docstring).
 
-    Extras: ``loss_scaling=1.0``, ``accum_type=None``,
-    ``first_order_momentum_accum_type=None`` (``exp_avg``),
-    ``second_order_momentum_accum_type=None`` (``exp_avg_sq``, ``max_exp_avg_sq``),
-    ``max_grad_norm=inf`` (only inf). Unlike PopTorch, ``amsgrad=True`` is supported.
+    Extras: ``loss_scaling=1.0``, ``accum_type=torch.float32``,
+    ``first_order_momentum_accum_type=torch.float32`` (``exp_avg``),
+    ``second_order_momentum_accum_type=torch.float32`` (``exp_avg_sq``, ``max_exp_avg_sq``),
+    ``max_grad_norm=inf``. Unlike PopTorch, ``amsgrad=True`` is supported.
     """
 
     _rule = "adam"
     _torch_base = torch.optim.Adam
 
+    @_records_explicit_args
     def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-3,
                  betas: tuple[float | torch.Tensor, float | torch.Tensor] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0, amsgrad: bool = False, *, foreach: bool | None = None,
                  maximize: bool = False, capturable: bool = False, differentiable: bool = False,
                  fused: bool | None = None, decoupled_weight_decay: bool = False, loss_scaling: float = 1.0,
-                 accum_type: torch.dtype | None = None, first_order_momentum_accum_type: torch.dtype | None = None,
-                 second_order_momentum_accum_type: torch.dtype | None = None,
+                 accum_type: torch.dtype | None = torch.float32,
+                 first_order_momentum_accum_type: torch.dtype | None = torch.float32,
+                 second_order_momentum_accum_type: torch.dtype | None = torch.float32,
                  max_grad_norm: float | None = INF) -> None:
         self._set_extras(dict(loss_scaling=loss_scaling, accum_type=accum_type,
                               first_order_momentum_accum_type=first_order_momentum_accum_type,
@@ -378,24 +493,26 @@ class Adam(_Extras, torch.optim.Adam):
         _adam_update(self, group, p, grad, True)
 
 
-class AdamW(_Extras, torch.optim.AdamW):
+class AdamW(Optimizer, torch.optim.AdamW):
     """``torch.optim.AdamW`` with PopTorch's extras (see the module docstring).
 
-    Extras: ``loss_scaling=1.0``, ``bias_correction=True``, ``accum_type=None``,
-    ``first_order_momentum_accum_type=None``, ``second_order_momentum_accum_type=None``,
-    ``max_grad_norm=inf`` (only inf).
+    Extras: ``loss_scaling=1.0``, ``bias_correction=True``, ``accum_type=torch.float32``,
+    ``first_order_momentum_accum_type=torch.float32``,
+    ``second_order_momentum_accum_type=torch.float32``, ``max_grad_norm=inf``.
     """
 
     _rule = "adam"
     _torch_base = torch.optim.AdamW
 
+    @_records_explicit_args
     def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-3,
                  betas: tuple[float | torch.Tensor, float | torch.Tensor] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
                  foreach: bool | None = None, capturable: bool = False, differentiable: bool = False,
                  fused: bool | None = None, loss_scaling: float = 1.0, bias_correction: bool = True,
-                 accum_type: torch.dtype | None = None, first_order_momentum_accum_type: torch.dtype | None = None,
-                 second_order_momentum_accum_type: torch.dtype | None = None,
+                 accum_type: torch.dtype | None = torch.float32,
+                 first_order_momentum_accum_type: torch.dtype | None = torch.float32,
+                 second_order_momentum_accum_type: torch.dtype | None = torch.float32,
                  max_grad_norm: float | None = INF) -> None:
         self._set_extras(dict(loss_scaling=loss_scaling, bias_correction=bias_correction, accum_type=accum_type,
                               first_order_momentum_accum_type=first_order_momentum_accum_type,
@@ -413,24 +530,27 @@ class AdamW(_Extras, torch.optim.AdamW):
 
 
 # -- RMSprop ------------------------------------------------------------------------------
-class RMSprop(_Extras, torch.optim.RMSprop):
+class RMSprop(Optimizer, torch.optim.RMSprop):
     """``torch.optim.RMSprop`` with PopTorch's extras (see the module docstring).
 
-    Extras: ``loss_scaling=1.0``, ``accum_type=None``,
-    ``first_order_momentum_accum_type=None`` (``square_avg``),
-    ``second_order_momentum_accum_type=None`` (``grad_avg``), ``use_tf_variant=False``
-    (only False).
+    Extras: ``loss_scaling=1.0``, ``accum_type=torch.float32``,
+    ``first_order_momentum_accum_type=torch.float32`` (``square_avg``),
+    ``second_order_momentum_accum_type=torch.float32`` (``grad_avg``),
+    ``use_tf_variant=False`` (True: TensorFlow's variant, see the module docstring).
     """
 
     _rule = "rmsprop"
     _torch_base = torch.optim.RMSprop
 
+    @_records_explicit_args
     def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-2, alpha: float = 0.99,
                  eps: float = 1e-8, weight_decay: float = 0, momentum: float = 0, centered: bool = False,
                  capturable: bool = False, foreach: bool | None = None, maximize: bool = False,
-                 differentiable: bool = False, *, loss_scaling: float = 1.0, accum_type: torch.dtype | None = None,
-                 first_order_momentum_accum_type: torch.dtype | None = None,
-                 second_order_momentum_accum_type: torch.dtype | None = None, use_tf_variant: bool = False) -> None:
+                 differentiable: bool = False, *, loss_scaling: float = 1.0,
+                 accum_type: torch.dtype | None = torch.float32,
+                 first_order_momentum_accum_type: torch.dtype | None = torch.float32,
+                 second_order_momentum_accum_type: torch.dtype | None = torch.float32,
+                 use_tf_variant: bool = False) -> None:
         self._set_extras(dict(loss_scaling=loss_scaling, accum_type=accum_type,
                               first_order_momentum_accum_type=first_order_momentum_accum_type,
                               second_order_momentum_accum_type=second_order_momentum_accum_type,
@@ -440,6 +560,8 @@ class RMSprop(_Extras, torch.optim.RMSprop):
         self._finish_extras()
 
     def _own_update(self, group: dict[str, Any], p: torch.Tensor) -> bool:
+        if group.get("use_tf_variant", False):
+            return True
         dtypes = explicit_state_dtypes(group, "rmsprop")
         if not group["centered"]:
             dtypes.pop("grad_avg", None)
@@ -448,9 +570,13 @@ class RMSprop(_Extras, torch.optim.RMSprop):
     def _update(self, group: dict[str, Any], p: torch.Tensor, grad: torch.Tensor) -> None:
         lr, alpha, eps = number(group["lr"]), number(group["alpha"]), number(group["eps"])
         wd, momentum = number(group["weight_decay"]), number(group["momentum"])
+        tf = group.get("use_tf_variant", False)
         state = self.state[p]
         _step(state)
+        fresh = "square_avg" not in state
         s_t = _state(state, "square_avg", p, _dtype_of(group, "rmsprop", "square_avg", p))
+        if tf and fresh:
+            s_t.fill_(1.0)  # TensorFlow starts the average of squares at one
         if wd != 0:
             grad = grad.add(p, alpha=wd)
         dtype = torch.promote_types(p.dtype, grad.dtype)
@@ -458,20 +584,18 @@ class RMSprop(_Extras, torch.optim.RMSprop):
         if group["centered"]:
             a_t = _state(state, "grad_avg", p, _dtype_of(group, "rmsprop", "grad_avg", p))
             a = _store(a_t, a_t.to(dtype).lerp(grad.to(dtype), 1 - alpha), dtype)
-            avg = s.addcmul(a, a, value=-1).sqrt_()
-        else:
-            avg = s.sqrt()
-        avg = avg.add_(eps)
+            s = s.addcmul(a, a, value=-1)
+        avg = s.add(eps).sqrt_() if tf else s.sqrt().add_(eps)
         if momentum > 0:
             b_t = _state(state, "momentum_buffer", p, p.dtype)
-            b = _store(b_t, b_t.to(dtype).mul(momentum).addcdiv_(grad, avg), dtype)
-            p.add_(b.to(p.dtype), alpha=-lr)
+            b = _store(b_t, b_t.to(dtype).mul(momentum).addcdiv_(grad, avg, value=lr if tf else 1.0), dtype)
+            p.add_(b.to(p.dtype), alpha=-1.0 if tf else -lr)
         else:
             p.add_((grad / avg).to(p.dtype), alpha=-lr)
 
 
 # -- LAMB --------------------------------------------------------------------------------------
-class LAMB(_Extras, torch.optim.Optimizer):
+class LAMB(Optimizer, torch.optim.Optimizer):
     """Layer-wise Adaptive Moments (LAMB, You et al. 2019), PopTorch's ``poptorch.optim.LAMB``.
 
     For each parameter, with ``g = p.grad / loss_scaling`` and ``t`` the step after
@@ -490,17 +614,20 @@ class LAMB(_Extras, torch.optim.Optimizer):
 
     Args (PopTorch's, defaults included): ``lr=1e-3``, ``betas=(0.9, 0.999)``,
     ``eps=1e-8``, ``weight_decay=1e-2``, ``bias_correction=True``, ``loss_scaling=1.0``,
-    ``max_weight_norm=None`` (65500.0; ``inf`` for none), ``accum_type=None``,
-    ``first_order_momentum_accum_type=None``, ``second_order_momentum_accum_type=None``.
+    ``max_weight_norm=None`` (65500.0; ``inf`` for none), ``accum_type=torch.float32``,
+    ``first_order_momentum_accum_type=torch.float32``,
+    ``second_order_momentum_accum_type=torch.float32``.
     """
 
     _rule = "lamb"
 
+    @_records_explicit_args
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, bias_correction: bool = True,
                  loss_scaling: float = 1.0, max_weight_norm: float | None = None,
-                 accum_type: torch.dtype | None = None, first_order_momentum_accum_type: torch.dtype | None = None,
-                 second_order_momentum_accum_type: torch.dtype | None = None) -> None:
+                 accum_type: torch.dtype | None = torch.float32,
+                 first_order_momentum_accum_type: torch.dtype | None = torch.float32,
+                 second_order_momentum_accum_type: torch.dtype | None = torch.float32) -> None:
         lr_, eps_, wd_ = number(lr), number(eps), number(weight_decay)
         if not lr_ >= 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")

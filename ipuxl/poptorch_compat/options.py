@@ -1,39 +1,46 @@
-"""PopTorch-style ``Options``: how a model is batched, replicated and returns outputs.
+"""PopTorch's ``Options``: how a model is compiled, batched, replicated and returns outputs.
 
-This follows the public PopTorch API (``poptorch.Options`` in ``python/options.py``,
-the freezing rules of ``OptionsDict`` in ``python/_options_impl.py`` and the enums
-of ``python/enums.py``) for the options ipuxl implements:
+This follows PopTorch 3.x's ``poptorch.Options`` (``python/options.py``, the freezing
+rules of ``OptionsDict`` in ``python/_options_impl.py``): every setter and sub-object
+upstream has, with upstream's argument checks and defaults.
 
-* setters are camelCase and chainable (each returns the object it was called on):
-  ``Options().deviceIterations(4).replicationFactor(2)``; training options live in
-  the sub-object ``opts.Training`` (``opts.Training.gradientAccumulation(8)``);
-* ``outputMode(OutputMode.EveryN, N)`` needs a positive period; a period given
-  with another mode is ignored, as upstream does (ipuxl also warns about it);
-* ``OutputMode.Default`` means ``Final`` for a training model and ``All`` for an
-  inference model (``resolved_output_mode``);
-* an inference model refuses ``Training.gradientAccumulation`` other than 1, as
-  ``poptorch.inferenceModel`` does (``combined_batch_factor(training=False)``);
-* ``randomSeed(seed)`` also seeds torch's host RNG (``torch.manual_seed``), as
-  upstream does, so host-side shuffling is reproducible too;
-* options freeze once a model is compiled with them (the compiler calls
-  ``freeze()``, upstream ``_freeze()``; ``ipuxl.DataLoader`` freezes them too, as upstream's does);
-  changing frozen options raises :class:`~ipuxl.errors.FrozenOptionsError`, and
-  ``clone()`` returns an unfrozen deep copy.
+* Setters are camelCase and chainable (each returns the object it was called on):
+  ``Options().deviceIterations(4).replicationFactor(2)``; the sub-objects are
+  ``opts.Training``, ``opts.Precision``, ``opts.Distributed``, ``opts.Jit``,
+  ``opts.TensorLocations`` and ``opts._Popart`` (``ipuxl.poptorch_compat.option_groups``).
+* ``toDict()`` gives every value under upstream's keys (one flat dict: the groups'
+  values, ``_Popart``'s PopART options and the Python-side settings); ``clone()`` is an
+  unfrozen deep copy; ``exists(key)`` and read access by key (``opts.log_dir``) work
+  as upstream; ``loadFromFile(path)`` runs one setter call per line.
+* Options freeze once a model is compiled with them or an ``ipuxl.DataLoader`` is built
+  from them (upstream's ``_freeze()``); changing them then raises
+  :class:`~ipuxl.errors.FrozenOptionsError` (an AttributeError, as upstream).
+* Bad arguments raise :class:`~ipuxl.errors.OptionsError`, both a ValueError and an
+  AssertionError (upstream raises one or the other, setter by setter).
 
-* ``opts.Distributed.configureProcessId(process_id, num_processes)`` says which of
-  several host processes this one is (upstream's ``_DistributedOptions``); without
-  it the process id and count come from torchrun's ``RANK`` / ``WORLD_SIZE``
-  environment variables (upstream reads OpenMPI's by default; ``setEnvVarNames``
-  picks others). ``ipuxl.DataLoader`` then reads only this process's shard of the
-  dataset. Unlike upstream, ``replicationFactor`` is the *global* number of
-  replicas (upstream: replicas per process); each process runs R / num_processes.
+Honoured by the simulation: ``deviceIterations``, ``replicationFactor``,
+``Training.gradientAccumulation``, ``outputMode`` (``OutputMode.Default`` is ``Final``
+for training and ``All`` for inference), ``randomSeed`` (also seeds torch's host RNG, as
+upstream), ``Distributed`` (process id and count: each process runs
+``replicationFactor / numProcesses`` replicas; upstream counts replicas per process),
+``useIpuModel`` (the ``"ipu_model"`` device with its memory model). Recorded for the
+compile path (read them from the properties below): ``Training``'s reduction type and
+mean strategy, ``Precision``'s casting, running-statistics and partials settings,
+``inputReplicaGrouping``, ``setAvailableMemoryProportion``, ``anchorTensor``,
+``connectionType``, ``updatableNamedBuffers``. No effect on a simulated device (recorded
+and shown by ``toDict()`` only): ``syncPattern``, ``useIpuId``,
+``useOfflineIpuTarget``, ``autoRoundNumIPUs``, ``enableExecutableCaching``,
+``enableSyntheticData``, ``enableStableNorm``, ``logCycleCount``, ``enableProfiling``,
+``logDir``, ``modelName``, ``setExecutionStrategy``, ``broadcastBuffers``,
+``showCompilationProgressBar``, ``sourceLocationExcludes``, ``disableModuleNamescope``,
+``Jit.traceModel``, ``TensorLocations``, ``_Popart``. ``docs/poptorch.md`` gives the
+reason for each.
 
-ipuxl additions: ``staticShapes()`` (refuse to recompile when input shapes change),
-read-only snake_case properties for the compiler (``device_iterations``...),
-``device_type``, ``resolved_output_mode`` and ``combined_batch_factor``. Unlike
-upstream, every value is validated up front and errors are ``ipuxl.errors``
-classes saying what is wrong, where, and how to fix it; assigning an attribute
-(``opts.device_iterations = 4``) is refused in favour of the setter methods.
+ipuxl additions: ``staticShapes()``, ``autoOutline()``, ``anchorMode`` (upstream's
+pre-3.0 spelling of ``outputMode``), read-only snake_case properties for the compiler,
+``device_type``, ``resolved_output_mode``, ``combined_batch_factor`` and ``to_dict()``
+(the values the compiled program depends on). Assigning an attribute
+(``opts.device_iterations = 4``) is refused in favour of the setters.
 """
 from __future__ import annotations
 
@@ -46,10 +53,24 @@ from typing import Any, Literal
 
 import torch
 
-from ipuxl.errors import FrozenOptionsError, InvalidArgumentError, OptionsError
+from ipuxl.errors import ConfigFileError, InvalidArgumentError, OptionsError
 from ipuxl.ir.context import user_source_line
+from ipuxl.poptorch_compat.enums import CommGroupType, ConnectionType, SyncPattern
+from ipuxl.poptorch_compat.option_groups import (
+    DistributedOptions, JitOptions, OptionGroup, PopartOptions, PrecisionOptions, TensorLocationOptions,
+    TensorLocationSettings, TrainingOptions, check_enum, check_flag, check_int, check_positive_int, check_str,
+    type_name,
+)
 
-__all__ = ["AnchorMode", "Options", "OutputMode"]
+__all__ = ["AnchorMode", "ConfigFileError", "Options", "OutputMode", "TensorLocationSettings"]
+
+# upstream's names of the sub-objects' classes (``poptorch.options._TrainingOptions``...)
+_TrainingOptions = TrainingOptions
+_DistributedOptions = DistributedOptions
+_PrecisionOptions = PrecisionOptions
+_JitOptions = JitOptions
+_TensorLocationOptions = TensorLocationOptions
+_PopartOptions = PopartOptions
 
 
 class OutputMode(enum.IntEnum):
@@ -90,197 +111,12 @@ _SETTERS = {
     "static_shapes": "opts.staticShapes(True)",
 }
 
-
-def _type_name(value: object) -> str:
-    return type(value).__name__
-
-
-def _positive_int(value: object, *, method: str, arg: str, example: str) -> int:
-    """``value`` as an ``int`` >= 1, or an :class:`OptionsError` naming ``method``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise OptionsError(
-            f"{method}: {arg} must be a positive int, got {value!r} ({_type_name(value)})",
-            where=user_source_line(), fix=f"pass a whole number >= 1, for example {example}")
-    if value < 1:
-        raise OptionsError(
-            f"{method}: {arg} must be a positive int (>= 1), got {value}",
-            where=user_source_line(), fix=f"pass a whole number >= 1, for example {example}")
-    return int(value)
+#: the values ``__repr__`` always shows (the rest only when changed), in this order
+_CORE = ("device_iterations", "replication_factor", "gradient_accumulation", "output_mode", "output_return_period",
+         "random_seed", "use_ipu_model", "static_shapes")
 
 
-def _flag(value: object, *, method: str, arg: str) -> bool:
-    """``value`` if it is a ``bool``, else an :class:`OptionsError` naming ``method``."""
-    if not isinstance(value, bool):
-        raise OptionsError(
-            f"{method}: {arg} must be True or False, got {value!r} ({_type_name(value)})",
-            where=user_source_line(), fix=f"call {method}(True) or {method}(False)")
-    return value
-
-
-class _OptionGroup:
-    """Shared plumbing: no public attribute assignment, and a frozen check."""
-
-    _path = "Options"
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name.startswith("_"):
-            object.__setattr__(self, name, value)
-            return
-        setter = _SETTERS.get(name)
-        raise OptionsError(
-            f"{self._path}.{name} cannot be assigned: options are changed through their setter methods",
-            where=user_source_line(),
-            fix=f"call {setter}" if setter else f"see help({self._path}) for the available setters")
-
-    def _is_frozen_now(self) -> bool:  # pragma: no cover - overridden
-        raise NotImplementedError
-
-    def _check_not_frozen(self, method: str) -> None:
-        if self._is_frozen_now():
-            raise FrozenOptionsError(
-                f"cannot change {self._path}.{method}(): these Options are frozen because a model "
-                "was compiled with them (or an ipuxl.DataLoader was built from them)",
-                where=user_source_line(),
-                fix="make an unfrozen copy with `opts = opts.clone()`, change the copy and pass it to "
-                    "the new model or DataLoader (or start from a new ipuxl.Options())")
-
-
-class _TrainingOptions(_OptionGroup):
-    """Options specific to training, reached through :attr:`Options.Training`.
-
-    >>> opts = Options()
-    >>> opts.Training.gradientAccumulation(4)  # doctest: +ELLIPSIS
-    _TrainingOptions(gradient_accumulation=4)
-    """
-
-    _path = "Options.Training"
-
-    def __init__(self, owner: "Options") -> None:
-        self._owner = owner
-        self._gradient_accumulation = 1
-
-    def _is_frozen_now(self) -> bool:
-        return self._owner.frozen
-
-    def gradientAccumulation(self, gradient_accumulation: int) -> "_TrainingOptions":
-        """Number of micro-batches whose gradients are accumulated before each
-        optimiser step (default: 1). It scales the number of samples consumed per
-        run (see :meth:`Options.combined_batch_factor`); it must stay 1 for
-        inference.
-        """
-        self._check_not_frozen("gradientAccumulation")
-        self._gradient_accumulation = _positive_int(
-            gradient_accumulation, method="Options.Training.gradientAccumulation",
-            arg="gradient_accumulation", example="opts.Training.gradientAccumulation(4)")
-        return self
-
-    @property
-    def gradient_accumulation(self) -> int:
-        """The gradient accumulation factor (read-only; set it with ``gradientAccumulation``)."""
-        return self._gradient_accumulation
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(gradient_accumulation={self._gradient_accumulation})"
-
-
-class _DistributedOptions(_OptionGroup):
-    """Options of a run split over several host processes, reached through
-    :attr:`Options.Distributed` (upstream's ``poptorch.options._DistributedOptions``).
-
-    >>> opts = Options()
-    >>> opts.Distributed.configureProcessId(0, 2)  # doctest: +ELLIPSIS
-    _DistributedOptions(process_id=0, num_processes=2)
-
-    Until ``configureProcessId`` (or ``setEnvVarNames`` / ``disable``) is called, the
-    values come from the environment variables ``RANK`` and ``WORLD_SIZE`` that
-    ``torchrun`` sets, read when asked for (1 process when they are unset).
-    """
-
-    _path = "Options.Distributed"
-    _DEFAULT_ENV = ("WORLD_SIZE", "RANK")
-
-    def __init__(self, owner: "Options") -> None:
-        self._owner = owner
-        self._configured: tuple[int, int] | None = None  # (process_id, num_processes)
-
-    def _is_frozen_now(self) -> bool:
-        return self._owner.frozen
-
-    def configureProcessId(self, process_id: int, num_processes: int) -> "_DistributedOptions":  # noqa: N802
-        """Set this process's id (0-based) and the number of processes of the run."""
-        self._check_not_frozen("configureProcessId")
-        count = _positive_int(num_processes, method="Options.Distributed.configureProcessId",
-                              arg="num_processes", example="opts.Distributed.configureProcessId(0, 2)")
-        if isinstance(process_id, bool) or not isinstance(process_id, numbers.Integral) \
-                or not 0 <= process_id < count:
-            raise OptionsError(
-                f"Options.Distributed.configureProcessId: process_id must be an int in [0, {count}) "
-                f"for {count} processes, got {process_id!r}",
-                where=user_source_line(),
-                fix=f"pass this process's index among the {count}, e.g. "
-                    f"opts.Distributed.configureProcessId(0, {count})")
-        self._configured = (int(process_id), count)
-        return self
-
-    def setEnvVarNames(self, var_num_processes: str, var_process_id: str) -> "_DistributedOptions":  # noqa: N802
-        """Read the process count and id now from these environment variables
-        (e.g. ``"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"`` under mpirun)."""
-        self._check_not_frozen("setEnvVarNames")
-        count, pid = _read_env(var_num_processes, var_process_id, "Options.Distributed.setEnvVarNames")
-        return self.configureProcessId(pid, count)
-
-    def disable(self) -> "_DistributedOptions":
-        """Run as a single process, whatever the environment says."""
-        self._check_not_frozen("disable")
-        self._configured = (0, 1)
-        return self
-
-    @property
-    def processId(self) -> int:  # noqa: N802 - PopTorch's name
-        """The id of this process (0 when not distributed)."""
-        return self._values()[0]
-
-    @property
-    def numProcesses(self) -> int:  # noqa: N802 - PopTorch's name
-        """The number of processes the run is split over (1 when not distributed)."""
-        return self._values()[1]
-
-    @property
-    def configured(self) -> bool:
-        """True when set explicitly (``configureProcessId`` etc.), not read from torchrun's environment."""
-        return self._configured is not None
-
-    def _values(self) -> tuple[int, int]:
-        if self._configured is not None:
-            return self._configured
-        count, pid = _read_env(*self._DEFAULT_ENV, "Options.Distributed")
-        return pid, count
-
-    def __repr__(self) -> str:
-        pid, count = self._values()
-        return f"{type(self).__name__}(process_id={pid}, num_processes={count})"
-
-
-def _read_env(var_num_processes: str, var_process_id: str, method: str) -> tuple[int, int]:
-    """(num_processes, process_id) from two environment variables (defaults 1 and 0)."""
-    values = []
-    for var, default in ((var_num_processes, "1"), (var_process_id, "0")):
-        raw = os.environ.get(var, default)
-        try:
-            values.append(int(raw))
-        except ValueError:
-            raise OptionsError(f"{method}: environment variable {var}={raw!r} is not an integer",
-                               where=user_source_line(),
-                               fix=f"unset {var} or set it to a whole number") from None
-    count, pid = values
-    if count < 1 or not 0 <= pid < count:
-        raise OptionsError(f"{method}: process id {pid} ({var_process_id}) is not in [0, {count}) "
-                           f"({var_num_processes}={count})", where=user_source_line(),
-                           fix=f"set {var_num_processes} >= 1 and 0 <= {var_process_id} < {var_num_processes}")
-    return count, pid
-
-
-class Options(_OptionGroup):
+class Options(OptionGroup):
     """Everything that controls how a model is compiled and run (PopTorch's ``Options``).
 
     >>> opts = Options().deviceIterations(4).replicationFactor(2)
@@ -294,18 +130,33 @@ class Options(_OptionGroup):
     setter raises :class:`~ipuxl.errors.FrozenOptionsError` (use :meth:`clone`).
     """
 
+    _path = "Options"
+    _upstream_name = "Options"
+
     def __init__(self) -> None:
+        super().__init__(None, replication_factor=1, input_group_size=1, input_cgt=CommGroupType.Consecutive,
+                         broadcast_buffers=True, device_iterations=1, log_dir=".", auto_round_num_ipus=False,
+                         anchored_tensors={}, output_mode=OutputMode.Default, output_return_period=1,
+                         connection_type=ConnectionType.Always, sync_pattern=SyncPattern.Full,
+                         available_memory_proportion={}, use_model=False, updatable_named_buffers=[],
+                         show_compilation_progress_bar=True, relax_optimizer_attributes_checks=False,
+                         module_namescope_enabled=True, source_location_excludes=[], static_shapes=False,
+                         auto_outline=True)
         self._frozen = False
-        self._device_iterations = 1
-        self._replication_factor = 1
-        self._output_mode = OutputMode.Default
-        self._output_return_period = 1
-        self._random_seed: int | None = None
-        self._use_ipu_model = False
-        self._static_shapes = False
-        self._auto_outline = True
-        self._training = _TrainingOptions(self)
-        self._distributed = _DistributedOptions(self)
+        self._execution_strategy: object | None = None
+        self._popart = PopartOptions(self)
+        self._training = TrainingOptions(self, self._popart)
+        self._distributed = DistributedOptions(self)
+        self._precision = PrecisionOptions(self, self._popart)
+        self._jit = JitOptions(self)
+        self._tensor_locations = TensorLocationOptions(self)
+        cache = os.environ.get("POPTORCH_CACHE_DIR", "")
+        if cache:
+            self.enableExecutableCaching(cache)
+
+    def _setter_hint(self, name: str) -> str:
+        setter = _SETTERS.get(name)
+        return f"call {setter}" if setter else super()._setter_hint(name)
 
     # -- freezing -----------------------------------------------------------------
     def _is_frozen_now(self) -> bool:
@@ -327,34 +178,55 @@ class Options(_OptionGroup):
         """True once a model was compiled with these options (or a DataLoader built)."""
         return self._frozen
 
-    def clone(self) -> "Options":
-        """An unfrozen deep copy of these options (``Training`` included)."""
+    def clone(self) -> Options:
+        """An unfrozen deep copy of these options (the sub-objects included)."""
         copied = copy.deepcopy(self)
         copied._frozen = False
         return copied
 
-    # -- setters ------------------------------------------------------------------
+    # -- sub-objects --------------------------------------------------------------
     @property
-    def Training(self) -> _TrainingOptions:  # noqa: N802 - PopTorch's public name
+    def Training(self) -> TrainingOptions:  # noqa: N802 - PopTorch's public name
         """Options specific to training (``opts.Training.gradientAccumulation(n)``)."""
         return self._training
 
     @property
-    def Distributed(self) -> _DistributedOptions:  # noqa: N802 - PopTorch's public name
+    def Distributed(self) -> DistributedOptions:  # noqa: N802 - PopTorch's public name
         """Options of a run over several host processes
         (``opts.Distributed.configureProcessId(process_id, num_processes)``)."""
         return self._distributed
 
-    def deviceIterations(self, device_iterations: int) -> "Options":
+    @property
+    def Precision(self) -> PrecisionOptions:  # noqa: N802 - PopTorch's public name
+        """float16 handling (``opts.Precision.setPartialsType(torch.half)``)."""
+        return self._precision
+
+    @property
+    def Jit(self) -> JitOptions:  # noqa: N802 - PopTorch's public name
+        """Upstream's tracing choice (no effect: ipuxl captures through the dispatcher)."""
+        return self._jit
+
+    @property
+    def TensorLocations(self) -> TensorLocationOptions:  # noqa: N802 - PopTorch's public name
+        """Where tensors are stored (recorded; no effect on a simulated device)."""
+        return self._tensor_locations
+
+    @property
+    def _Popart(self) -> PopartOptions:  # noqa: N802 - PopTorch's public name
+        """PopART session options by name (recorded; no effect on a simulated device)."""
+        return self._popart
+
+    # -- batching, replication, outputs (honoured) ----------------------------------
+    def deviceIterations(self, device_iterations: int) -> Options:  # noqa: N802
         """Number of iterations the device runs over new batches before returning to
         the host (default: 1)."""
         self._check_not_frozen("deviceIterations")
-        self._device_iterations = _positive_int(
-            device_iterations, method="Options.deviceIterations", arg="device_iterations",
-            example="opts.deviceIterations(4)")
+        value = check_positive_int(device_iterations, method="Options.deviceIterations", arg="device_iterations",
+                                   example="opts.deviceIterations(4)")
+        self._set("deviceIterations", device_iterations=value)
         return self
 
-    def replicationFactor(self, replication_factor: int) -> "Options":
+    def replicationFactor(self, replication_factor: int) -> Options:  # noqa: N802
         """Number of replicas of the model, each fed its own micro-batches (default: 1).
 
         This is the total over all host processes: with ``num_processes`` processes
@@ -362,12 +234,25 @@ class Options(_OptionGroup):
         ``replication_factor / num_processes`` of them (upstream's
         ``replicationFactor`` counts the replicas of one process instead)."""
         self._check_not_frozen("replicationFactor")
-        self._replication_factor = _positive_int(
-            replication_factor, method="Options.replicationFactor", arg="replication_factor",
-            example="opts.replicationFactor(2)")
+        value = check_positive_int(replication_factor, method="Options.replicationFactor", arg="replication_factor",
+                                   example="opts.replicationFactor(2)")
+        self._set("replicationFactor", replication_factor=value)
         return self
 
-    def outputMode(self, output_mode: OutputMode, output_return_period: int | None = None) -> "Options":
+    def inputReplicaGrouping(self, input_group_size: int, input_group_type: CommGroupType) -> Options:  # noqa: N802
+        """Replicas in one group of ``input_group_size`` get the same input batch
+        (``CommGroupType.Consecutive`` or ``Orthogonal`` groups; ``NoGrouping`` means each
+        replica its own). Recorded for the compile path (:attr:`input_group_size`)."""
+        self._check_not_frozen("inputReplicaGrouping")
+        size = check_positive_int(input_group_size, method="Options.inputReplicaGrouping", arg="input_group_size",
+                                  example="opts.inputReplicaGrouping(2, poptorch.CommGroupType.Consecutive)")
+        kind = check_enum(input_group_type, CommGroupType, method="Options.inputReplicaGrouping",
+                          arg="input_group_type",
+                          allowed=(CommGroupType.Consecutive, CommGroupType.Orthogonal, CommGroupType.NoGrouping))
+        self._set("inputReplicaGrouping", input_group_size=size, input_cgt=kind)
+        return self
+
+    def outputMode(self, output_mode: OutputMode, output_return_period: int | None = None) -> Options:  # noqa: N802
         """Which results to return to the host: see :class:`OutputMode`.
 
         ``OutputMode.EveryN`` needs ``output_return_period`` (a positive int). With any
@@ -376,75 +261,84 @@ class Options(_OptionGroup):
         return self._set_output_mode("outputMode", "output_mode", "output_return_period",
                                      output_mode, output_return_period)
 
-    def anchorMode(self, anchor_mode: OutputMode, anchor_return_period: int | None = None) -> "Options":
-        """Upstream's older spelling of :meth:`outputMode` (takes :data:`AnchorMode`)."""
+    def anchorMode(self, anchor_mode: OutputMode, anchor_return_period: int | None = None) -> Options:  # noqa: N802
+        """Upstream's pre-3.0 spelling of :meth:`outputMode` (takes :data:`AnchorMode`)."""
         return self._set_output_mode("anchorMode", "anchor_mode", "anchor_return_period",
                                      anchor_mode, anchor_return_period)
 
     def _set_output_mode(self, method: str, mode_arg: str, period_arg: str,
-                         mode: object, period: object) -> "Options":
+                         mode: object, period: object) -> Options:
         self._check_not_frozen(method)
-        if not isinstance(mode, OutputMode):
-            members = ", ".join(f"OutputMode.{m.name}" for m in OutputMode)
-            raise OptionsError(
-                f"Options.{method}: {mode_arg} must be an OutputMode, got {mode!r} ({_type_name(mode)})",
-                where=user_source_line(), fix=f"pass one of {members}")
-        if mode is OutputMode.EveryN:
+        value = check_enum(mode, OutputMode, method=f"Options.{method}", arg=mode_arg)
+        resolved_period = 1
+        if value is OutputMode.EveryN:
             if period is None:
                 raise OptionsError(
                     f"Options.{method}: OutputMode.EveryN needs {period_arg}, the number of batches "
                     "between two returned results",
                     where=user_source_line(), fix=f"call opts.{method}(OutputMode.EveryN, 10)")
-            resolved_period = _positive_int(period, method=f"Options.{method}", arg=period_arg,
-                                            example=f"opts.{method}(OutputMode.EveryN, 10)")
-        else:
-            if period is not None:
-                warnings.warn(
-                    f"Options.{method}: {period_arg}={period!r} is ignored with OutputMode.{mode.name} "
-                    "(it only applies to OutputMode.EveryN)", UserWarning, stacklevel=3)
-            resolved_period = 1
-        self._output_mode = mode
-        self._output_return_period = resolved_period
+            resolved_period = check_positive_int(period, method=f"Options.{method}", arg=period_arg,
+                                                 example=f"opts.{method}(OutputMode.EveryN, 10)")
+        elif period is not None:
+            warnings.warn(
+                f"Options.{method}: {period_arg}={period!r} is ignored with OutputMode.{value.name} "
+                "(it only applies to OutputMode.EveryN)", UserWarning, stacklevel=3)
+        self._set(method, output_mode=value, output_return_period=resolved_period)
         return self
 
-    def defaultOutputMode(self) -> bool:
+    def defaultOutputMode(self) -> bool:  # noqa: N802
         """True while the output mode is still ``OutputMode.Default`` (as upstream)."""
-        return self._output_mode is OutputMode.Default
+        return self._values["output_mode"] is OutputMode.Default
 
-    def randomSeed(self, random_seed: int) -> "Options":
+    def anchorTensor(self, short_name: str, long_name: str, output_mode: OutputMode | None = None,  # noqa: N802
+                     output_return_period: int | None = 1) -> Options:
+        """Return the tensor PopART calls ``long_name`` as ``short_name`` after each run
+        (``output_mode`` None: the model's output mode). Recorded in
+        :attr:`anchored_tensors` for the executor."""
+        self._check_not_frozen("anchorTensor")
+        for arg, value in (("short_name", short_name), ("long_name", long_name)):
+            check_str(value, method="Options.anchorTensor", arg=arg, example='"grad_w"')
+        if output_mode is not None:
+            check_enum(output_mode, OutputMode, method="Options.anchorTensor", arg="output_mode")
+        period = 1
+        if output_mode is OutputMode.EveryN:
+            period = check_positive_int(output_return_period, method="Options.anchorTensor",
+                                        arg="output_return_period", example="10")
+        anchors = dict(self._values["anchored_tensors"])
+        anchors[short_name] = [long_name, output_mode is None, output_mode, period]
+        self._set("anchorTensor", anchored_tensors=anchors)
+        return self
+
+    def randomSeed(self, random_seed: int) -> Options:  # noqa: N802
         """Seed the device's random number generator; like upstream, also seeds torch's
         host RNG with ``torch.manual_seed(random_seed)``."""
         self._check_not_frozen("randomSeed")
-        if isinstance(random_seed, bool) or not isinstance(random_seed, numbers.Integral):
+        seed = check_int(random_seed, method="Options.randomSeed", arg="random_seed", example="opts.randomSeed(42)")
+        if not 0 <= seed < _MAX_SEED:
             raise OptionsError(
-                f"Options.randomSeed: random_seed must be an int, got {random_seed!r} "
-                f"({_type_name(random_seed)})",
-                where=user_source_line(), fix="pass a whole number, for example opts.randomSeed(42)")
-        if not 0 <= random_seed < _MAX_SEED:
-            raise OptionsError(
-                f"Options.randomSeed: random_seed must be in [0, 2**64), got {random_seed}",
+                f"Options.randomSeed: random_seed must be in [0, 2**64), got {seed}",
                 where=user_source_line(), fix="pass a non-negative seed below 2**64, for example 42")
-        seed = int(random_seed)
         torch.manual_seed(seed)
-        self._random_seed = seed
+        self._set("randomSeed", random_seed=seed)
         return self
 
-    def useIpuModel(self, use_model: bool) -> "Options":
+    def useIpuModel(self, use_model: bool) -> Options:  # noqa: N802
         """Run on the IPU Model (a simulator) instead of IPU hardware (default: False).
 
-        ipuxl always simulates; this only changes :attr:`device_type`."""
+        ipuxl always simulates; this picks the ``"ipu_model"`` device, which checks the
+        program against one IPU's memory (see :attr:`device_type`)."""
         self._check_not_frozen("useIpuModel")
-        self._use_ipu_model = _flag(use_model, method="Options.useIpuModel", arg="use_model")
+        self._set("useIpuModel", use_model=check_flag(use_model, method="Options.useIpuModel", arg="use_model"))
         return self
 
-    def staticShapes(self, enabled: bool = True) -> "Options":
+    def staticShapes(self, enabled: bool = True) -> Options:  # noqa: N802
         """ipuxl extension: when enabled, a compiled model raises an error instead of
         recompiling when the shapes of its inputs change (default: False)."""
         self._check_not_frozen("staticShapes")
-        self._static_shapes = _flag(enabled, method="Options.staticShapes", arg="enabled")
+        self._set("staticShapes", static_shapes=check_flag(enabled, method="Options.staticShapes", arg="enabled"))
         return self
 
-    def autoOutline(self, enabled: bool = True) -> "Options":
+    def autoOutline(self, enabled: bool = True) -> Options:  # noqa: N802
         """ipuxl extension: outline repeated blocks automatically (default: True).
 
         Structurally identical regions of the captured forward, backward and update
@@ -452,21 +346,225 @@ class Options(_OptionGroup):
         so their code exists once on the device (``ipuxl.passes.outline``). Results
         are unchanged; False keeps every op inline."""
         self._check_not_frozen("autoOutline")
-        self._auto_outline = _flag(enabled, method="Options.autoOutline", arg="enabled")
+        self._set("autoOutline", auto_outline=check_flag(enabled, method="Options.autoOutline", arg="enabled"))
         return self
 
-    # -- what the compiler reads --------------------------------------------------
+    # -- recorded for the compile path ----------------------------------------------
+    def setAvailableMemoryProportion(self, available_memory_proportion: dict[str, float]) -> Options:  # noqa: N802
+        """Temporary memory per IPU for matmuls and convolutions, ``{"IPU0": 0.6}`` (each in
+        [0, 1]); recorded as ``{ipu: proportion}``. No effect on the values computed."""
+        method = "Options.setAvailableMemoryProportion"
+        self._check_not_frozen("setAvailableMemoryProportion")
+        if not isinstance(available_memory_proportion, dict):
+            raise OptionsError(f"{method}: expected a dict such as {{'IPU0': 0.5}}, got "
+                               f"{type_name(available_memory_proportion)}", where=user_source_line(),
+                               fix='pass {"IPU<n>": proportion} for each IPU')
+        per_ipu: dict[int, float] = {}
+        for key, proportion in available_memory_proportion.items():
+            if not (isinstance(key, str) and key.startswith("IPU") and key[3:].isdigit()):
+                raise OptionsError(f"{method}: keys must be 'IPU<n>' such as 'IPU0', got {key!r}",
+                                   where=user_source_line(), fix='pass e.g. {"IPU0": 0.5}')
+            if isinstance(proportion, bool) or not isinstance(proportion, numbers.Real) \
+                    or not 0.0 <= proportion <= 1.0:
+                raise OptionsError(f"{method}: the proportion for {key} must be a number in [0, 1], "
+                                   f"got {proportion!r}", where=user_source_line(), fix=f'pass e.g. {{"{key}": 0.6}}')
+            per_ipu[int(key[3:])] = float(proportion)
+        self._set("setAvailableMemoryProportion", available_memory_proportion=per_ipu)
+        return self
+
+    def connectionType(self, connection_type: ConnectionType) -> Options:  # noqa: N802
+        """When to attach to the device (:class:`~ipuxl.poptorch_compat.enums.ConnectionType`);
+        recorded as :attr:`connection_type`."""
+        self._check_not_frozen("connectionType")
+        value = check_enum(connection_type, ConnectionType, method="Options.connectionType", arg="connection_type")
+        self._set("connectionType", connection_type=value)
+        return self
+
+    def updatableNamedBuffers(self, buffers: list[str]) -> Options:  # noqa: N802
+        """Names of the buffers the host may update between runs. ipuxl sends every
+        host write of a buffer to the device anyway; recorded."""
+        self._check_not_frozen("updatableNamedBuffers")
+        if not isinstance(buffers, (list, tuple)) or not all(isinstance(b, str) for b in buffers):
+            raise OptionsError(f"Options.updatableNamedBuffers: buffers must be a list of buffer names, got "
+                               f"{buffers!r}", where=user_source_line(),
+                               fix='pass names from model.named_buffers(), e.g. ["bn.running_mean"]')
+        self._set("updatableNamedBuffers", updatable_named_buffers=list(buffers))
+        return self
+
+    # -- accepted without effect on a simulated device --------------------------------
+    def _record_flag(self, method: str, key: str, value: object, arg: str) -> Options:
+        self._check_not_frozen(method)
+        self._set(method, **{key: check_flag(value, method=f"Options.{method}", arg=arg)})
+        return self
+
+    def syncPattern(self, sync_pattern: SyncPattern) -> Options:  # noqa: N802
+        """How IPUs synchronise with the host (recorded; no effect on a simulated device)."""
+        self._check_not_frozen("syncPattern")
+        self._set("syncPattern", sync_pattern=check_enum(sync_pattern, SyncPattern, method="Options.syncPattern",
+                                                         arg="sync_pattern"))
+        return self
+
+    def useIpuId(self, ipu_id: int) -> Options:  # noqa: N802
+        """Which physical IPU device to use (recorded; no effect on a simulated device)."""
+        self._check_not_frozen("useIpuId")
+        self._set("useIpuId", ipu_id=check_int(ipu_id, method="Options.useIpuId", arg="ipu_id", example="0"))
+        return self
+
+    def useOfflineIpuTarget(self, ipu_version: int = 2) -> Options:  # noqa: N802
+        """Compile for an IPU version without attaching (sets ``ConnectionType.Never``;
+        the version is recorded, with no effect on a simulated device)."""
+        self._check_not_frozen("useOfflineIpuTarget")
+        version = check_positive_int(ipu_version, method="Options.useOfflineIpuTarget", arg="ipu_version",
+                                     example="2")
+        self.connectionType(ConnectionType.Never)
+        self._set("useOfflineIpuTarget", ipu_version=version)
+        return self
+
+    def autoRoundNumIPUs(self, auto_round_num_ipus: bool = True) -> Options:  # noqa: N802
+        """Round the IPUs reserved up to a power of 2 (no effect: nothing is reserved)."""
+        return self._record_flag("autoRoundNumIPUs", "auto_round_num_ipus", auto_round_num_ipus,
+                                 "auto_round_num_ipus")
+
+    def broadcastBuffers(self, broadcast_buffers: bool = True) -> Options:  # noqa: N802
+        """Broadcast buffers to every replica (recorded; no effect on a simulated device)."""
+        return self._record_flag("broadcastBuffers", "broadcast_buffers", broadcast_buffers, "broadcast_buffers")
+
+    def logDir(self, log_dir: str) -> Options:  # noqa: N802
+        """Where PopTorch writes its logs (recorded; ipuxl writes none)."""
+        self._check_not_frozen("logDir")
+        self._set("logDir", log_dir=check_str(log_dir, method="Options.logDir", arg="log_dir", example='"logs"'))
+        return self
+
+    def modelName(self, name: str) -> Options:  # noqa: N802
+        """The model's name in profiling reports (recorded; no effect on a simulated device)."""
+        self._check_not_frozen("modelName")
+        self._set("modelName", model_name=check_str(name, method="Options.modelName", arg="name", example='"bert"'))
+        return self
+
+    def enableExecutableCaching(self, path: str | None) -> Options:  # noqa: N802
+        """Cache compiled executables in ``path`` (None disables); recorded in ``_Popart``
+        (``cachePath``, ``enableEngineCaching``), no effect: ipuxl compiles in process."""
+        self._check_not_frozen("enableExecutableCaching")
+        if path is None:
+            self._popart.set("enableEngineCaching", False)
+            return self
+        self._popart.set("cachePath", check_str(path, method="Options.enableExecutableCaching", arg="path",
+                                                example='"./cache"'))
+        self._popart.set("enableEngineCaching", True)
+        return self
+
+    def enableSyntheticData(self, enabled: bool) -> Options:  # noqa: N802
+        """Generate inputs on the device instead of reading the host's (recorded in
+        ``_Popart`` as ``syntheticDataMode``; no effect: the host's data is used)."""
+        self._check_not_frozen("enableSyntheticData")
+        enabled = check_flag(enabled, method="Options.enableSyntheticData", arg="enabled")
+        self._popart.set("syntheticDataMode", 2 if enabled else 0)
+        return self
+
+    def enableStableNorm(self, enabled: bool) -> Options:  # noqa: N802
+        """The slower, more accurate norm kernels (recorded in ``_Popart``; ipuxl's norms
+        are torch's, already the stable formulation)."""
+        self._check_not_frozen("enableStableNorm")
+        enabled = check_flag(enabled, method="Options.enableStableNorm", arg="enabled")
+        self._popart.set("enableStableNorm", enabled)
+        return self
+
+    def logCycleCount(self, log_cycle_count: bool) -> Options:  # noqa: N802
+        """Log IPU cycles per run (hardware only; recorded in ``_Popart``)."""
+        self._check_not_frozen("logCycleCount")
+        value = check_flag(log_cycle_count, method="Options.logCycleCount", arg="log_cycle_count")
+        self._popart.set("instrumentWithHardwareCycleCounter", value)
+        return self
+
+    def enableProfiling(self, profile_dir: str | None = None) -> Options:  # noqa: N802
+        """Write Poplar profiling reports to ``profile_dir`` (recorded as engine options; use
+        ``report()`` on a compiled model for ipuxl's program report)."""
+        self._check_not_frozen("enableProfiling")
+        directory = "." if profile_dir is None else check_str(profile_dir, method="Options.enableProfiling",
+                                                              arg="profile_dir", example='"./profile"')
+        engine = dict(self._popart.options.get("engineOptions", {}))
+        engine.update({"debug.allowOutOfMemory": "true", "autoReport.directory": directory, "autoReport.all": "true"})
+        self._popart.setEngineOptions(engine)
+        return self
+
+    def setExecutionStrategy(self, strategy: object) -> Options:  # noqa: N802
+        """How blocks map to IPUs (``PipelinedExecution``, ``ShardedExecution``,
+        ``SerialPhasedExecution``, ``ParallelPhasedExecution``): recorded; ipuxl runs
+        the whole model on one simulated IPU per replica."""
+        self._check_not_frozen("setExecutionStrategy")
+        if not callable(getattr(strategy, "backendOptions", None)):
+            raise OptionsError(f"Options.setExecutionStrategy: strategy must be an execution strategy "
+                               f"(poptorch.PipelinedExecution, ShardedExecution...), got {strategy!r}",
+                               where=user_source_line(), fix="pass e.g. poptorch.ShardedExecution()")
+        self._execution_strategy = strategy
+        return self
+
+    def showCompilationProgressBar(self, show: bool = True) -> Options:  # noqa: N802
+        """Show a progress bar while compiling (recorded; ipuxl compiles in seconds, without one)."""
+        return self._record_flag("showCompilationProgressBar", "show_compilation_progress_bar", show, "show")
+
+    def relaxOptimizerAttributesChecks(self, relax: bool = True) -> Options:  # noqa: N802
+        """Log unexpected optimiser attributes in ``setOptimizer`` at debug level instead of
+        warning (recorded as :attr:`relax_optimizer_attributes_checks`)."""
+        return self._record_flag("relaxOptimizerAttributesChecks", "relax_optimizer_attributes_checks", relax, "relax")
+
+    def disableModuleNamescope(self) -> Options:  # noqa: N802
+        """Do not prefix op names with module names (recorded; no effect on results)."""
+        self._check_not_frozen("disableModuleNamescope")
+        self._set("disableModuleNamescope", module_namescope_enabled=False)
+        return self
+
+    def sourceLocationExcludes(self, excludes: list[str]) -> Options:  # noqa: N802
+        """Replace the source-path fragments skipped when naming an op's user line (recorded;
+        ipuxl's errors always skip torch's and ipuxl's own frames)."""
+        self._check_not_frozen("sourceLocationExcludes")
+        if not isinstance(excludes, (list, tuple)) or not all(isinstance(e, str) for e in excludes):
+            raise OptionsError(f"Options.sourceLocationExcludes: excludes must be a list of strings, got {excludes!r}",
+                               where=user_source_line(), fix='pass e.g. ["site-packages/transformers"]')
+        self._set("sourceLocationExcludes", source_location_excludes=list(excludes))
+        return self
+
+    def appendToLocationExcludes(self, *excludes: str) -> Options:  # noqa: N802
+        """Add source-path fragments to :meth:`sourceLocationExcludes`'s list."""
+        return self.sourceLocationExcludes([*self._values["source_location_excludes"], *excludes])
+
+    def loadFromFile(self, filepath: str) -> Options:  # noqa: N802
+        """Apply an options file: one setter call per line without the ``options.``
+        prefix (``deviceIterations(4)``, ``Training.gradientAccumulation(2)``,
+        ``outputMode(poptorch.OutputMode.All)``); blank lines and ``#`` comments skipped.
+
+        Raises:
+            ConfigFileError: a line is not valid Python (line number and text given).
+        """
+        import ipuxl.poptorch_compat as poptorch  # the namespace the file's lines see
+
+        path = check_str(filepath, method="Options.loadFromFile", arg="filepath", example='"poptorch.conf"')
+        with open(path) as handle:
+            lines = [(n, line.strip()) for n, line in enumerate(handle, 1)]
+        for number, line in lines:
+            if not line or line.startswith("#"):
+                continue
+            try:
+                code = compile(f"options.{line}", path, "eval")
+            except SyntaxError as error:
+                raise ConfigFileError(f"Options.loadFromFile: line {number} of {os.path.basename(path)} is not a "
+                                      f"valid setter call ({error.msg}): {line!r}", where=f"{path}:{number}",
+                                      fix="write one call per line, e.g. deviceIterations(4)") from None
+            eval(code, {"poptorch": poptorch, "options": self})  # noqa: S307 - upstream runs the file too
+        return self
+
+    # -- what the compiler reads ----------------------------------------------------
     @property
     def auto_outline(self) -> bool:
-        return self._auto_outline
+        return bool(self._values["auto_outline"])
 
     @property
     def device_iterations(self) -> int:
-        return self._device_iterations
+        return int(self._values["device_iterations"])
 
     @property
     def replication_factor(self) -> int:
-        return self._replication_factor
+        return int(self._values["replication_factor"])
 
     @property
     def gradient_accumulation(self) -> int:
@@ -477,12 +575,12 @@ class Options(_OptionGroup):
     def output_mode(self) -> OutputMode:
         """The output mode as set (possibly ``OutputMode.Default``; see
         :meth:`resolved_output_mode`)."""
-        return self._output_mode
+        return OutputMode(self._values["output_mode"])
 
     @property
     def output_return_period(self) -> int:
         """N for ``OutputMode.EveryN``; 1 for the other modes."""
-        return self._output_return_period
+        return int(self._values["output_return_period"])
 
     anchor_mode = output_mode
     anchor_return_period = output_return_period
@@ -490,28 +588,48 @@ class Options(_OptionGroup):
     @property
     def random_seed(self) -> int | None:
         """The seed given to :meth:`randomSeed`, or None when none was given."""
-        return self._random_seed
+        return self._values.get("random_seed")
 
     @property
     def use_ipu_model(self) -> bool:
-        return self._use_ipu_model
+        return bool(self._values["use_model"])
 
     @property
     def static_shapes(self) -> bool:
-        return self._static_shapes
+        return bool(self._values["static_shapes"])
+
+    @property
+    def connection_type(self) -> ConnectionType:
+        """``connectionType``'s value (default ``ConnectionType.Always``)."""
+        return ConnectionType(self._values["connection_type"])
+
+    @property
+    def input_group_size(self) -> int:
+        """``inputReplicaGrouping``'s group size: replicas in a group share one input batch."""
+        return int(self._values["input_group_size"])
+
+    @property
+    def input_group_type(self) -> CommGroupType:
+        """``inputReplicaGrouping``'s group type (default ``CommGroupType.Consecutive``)."""
+        return CommGroupType(self._values["input_cgt"])
+
+    @property
+    def execution_strategy(self) -> object | None:
+        """The strategy given to ``setExecutionStrategy`` (None: upstream's default, pipelined)."""
+        return self._execution_strategy
 
     @property
     def device_type(self) -> Literal["ipu_model", "ipu_hw"]:
         """``"ipu_model"`` after ``useIpuModel(True)``, else ``"ipu_hw"``."""
-        return "ipu_model" if self._use_ipu_model else "ipu_hw"
+        return "ipu_model" if self.use_ipu_model else "ipu_hw"
 
     def resolved_output_mode(self, training: bool) -> OutputMode:
         """The output mode a model uses: ``Default`` becomes ``Final`` for training and
         ``All`` for inference (upstream's defaults); other modes are kept."""
         training = self._training_flag(training, "resolved_output_mode")
-        if self._output_mode is OutputMode.Default:
+        if self.output_mode is OutputMode.Default:
             return OutputMode.Final if training else OutputMode.All
-        return self._output_mode
+        return self.output_mode
 
     def replicas_per_process(self) -> int:
         """The replicas this process runs and feeds: ``replication_factor /
@@ -521,15 +639,15 @@ class Options(_OptionGroup):
             OptionsError: the number of processes does not divide the replication factor.
         """
         processes = self._distributed.numProcesses
-        if self._replication_factor % processes:
-            valid = [d for d in range(1, self._replication_factor + 1) if self._replication_factor % d == 0]
+        if self.replication_factor % processes:
+            valid = [d for d in range(1, self.replication_factor + 1) if self.replication_factor % d == 0]
             raise OptionsError(
-                f"replicationFactor({self._replication_factor}) cannot be split over {processes} processes "
+                f"replicationFactor({self.replication_factor}) cannot be split over {processes} processes "
                 f"(process {self._distributed.processId} of {processes}): each process must run the same "
                 "number of replicas", where=user_source_line(),
                 fix=f"use a replication factor that is a multiple of {processes}, or run {valid} processes "
                     "(torchrun --nproc_per_node)")
-        return self._replication_factor // processes
+        return self.replication_factor // processes
 
     def combined_batch_factor(self, training: bool) -> int:
         """Micro-batches consumed by one run of the model: deviceIterations x
@@ -551,32 +669,50 @@ class Options(_OptionGroup):
                 fix="use options with opts.Training.gradientAccumulation(1) for inference (for example "
                     "`infer_opts = opts.clone(); infer_opts.Training.gradientAccumulation(1)`); use "
                     "opts.deviceIterations(n) to process more batches per run")
-        factor = self._device_iterations * self._replication_factor
+        factor = self.device_iterations * self.replication_factor
         return factor * accumulation if training else factor
 
     @staticmethod
     def _training_flag(training: object, method: str) -> bool:
         if not isinstance(training, bool):
             raise InvalidArgumentError(
-                f"Options.{method}: training must be True or False, got {training!r} ({_type_name(training)})",
+                f"Options.{method}: training must be True or False, got {training!r} ({type_name(training)})",
                 where=user_source_line(), fix=f"call opts.{method}(training=True) or (training=False)")
         return training
 
     def to_dict(self) -> dict[str, Any]:
-        """The option values as a plain dict (for logs and compilation cache keys)."""
+        """The values the compiled program depends on, by ipuxl's names (for logs and
+        compilation cache keys); :meth:`toDict` has every option."""
         return {
-            "device_iterations": self._device_iterations,
-            "replication_factor": self._replication_factor,
-            "gradient_accumulation": self._training.gradient_accumulation,
-            "output_mode": self._output_mode,
-            "output_return_period": self._output_return_period,
-            "random_seed": self._random_seed,
-            "use_ipu_model": self._use_ipu_model,
-            "static_shapes": self._static_shapes,
+            "device_iterations": self.device_iterations,
+            "replication_factor": self.replication_factor,
+            "gradient_accumulation": self.gradient_accumulation,
+            "output_mode": self.output_mode,
+            "output_return_period": self.output_return_period,
+            "random_seed": self.random_seed,
+            "use_ipu_model": self.use_ipu_model,
+            "static_shapes": self.static_shapes,
         }
 
+    def toDict(self) -> dict[str, Any]:  # noqa: N802 - PopTorch's name
+        """Every option as one flat dict under upstream's keys: this object's values, the
+        sub-objects' (``Training``, ``Distributed``, ``Precision``, ``Jit``,
+        ``TensorLocations``) and ``_Popart``'s PopART options. Unlike upstream, it does not
+        require an output mode other than ``Default``."""
+        merged = dict(self._popart.toDict())
+        for group in (self._training, self._distributed, self._precision, self._jit, self._tensor_locations):
+            merged.update(group.toDict())
+        merged.update(super().toDict())
+        return merged
+
     def __repr__(self) -> str:
-        fields = {**self.to_dict(), "frozen": self._frozen}
-        body = ", ".join(f"{k}=OutputMode.{v.name}" if isinstance(v, OutputMode) else f"{k}={v!r}"
-                         for k, v in fields.items())
+        core, defaults = self.to_dict(), Options().toDict()
+        others = {k: v for k, v in self.toDict().items()
+                  if k not in core and k != "use_model" and (k not in defaults or defaults[k] != v)}
+        fields = {**core, **others, "frozen": self._frozen}
+        body = ", ".join(f"{k}={_shown(v)}" for k, v in fields.items())
         return f"{type(self).__name__}({body})"
+
+
+def _shown(value: Any) -> str:
+    return f"{type(value).__name__}.{value.name}" if isinstance(value, enum.Enum) else repr(value)

@@ -53,7 +53,7 @@ from ipuxl.ops.call import call, call_with_info, repeat
 from ipuxl.ops.collectives import replicated_all_reduce
 from ipuxl.ops.random import split_random_seed
 from ipuxl.ops.var_updates import copy_var_update_
-from ipuxl.optim.rules import RULES, state_specs
+from ipuxl.optim.rules import RULES, clip_grad_norm, state_specs
 from ipuxl.poptorch_compat.translate import ParamPlan
 
 __all__ = ["Program", "Gradients", "StartValues", "build_program", "optimizer_structure", "per_replica_seeds"]
@@ -107,6 +107,9 @@ class Program:
     seed: Variable | None = None
     # the call's tensor inputs written in place: (input position, [stream per micro-batch g])
     input_updates: list[tuple[int, list[DeviceToHostStream]]] = field(default_factory=list)
+    # how the micro-batches' and replicas' gradients combine: "mean" (default) or "sum"
+    # (``Options.Training.accumulationAndReplicationReductionType(ReductionType.Sum)``)
+    reduction: str = "mean"
 
     @property
     def writes_variables(self) -> bool:
@@ -121,7 +124,7 @@ def optimizer_structure(plans: list[ParamPlan]) -> tuple:
 
 
 def build_program(ir: Ir, traced: TracedModule, forward: Graph, gradients: Gradients | None, *,
-                  micro_batches: int, start: StartValues, plans: list[ParamPlan]) -> Program:
+                  micro_batches: int, start: StartValues, plans: list[ParamPlan], reduction: str = "mean") -> Program:
     """Build the main graph around the imported ``forward`` (see the module docstring).
 
     Args:
@@ -131,9 +134,11 @@ def build_program(ir: Ir, traced: TracedModule, forward: Graph, gradients: Gradi
         micro_batches: gradient accumulation G: forward (and grad) calls per step.
         start: the values the program's variables start from.
         plans: ``translate`` plans of the trained parameters (training only), in optimiser order.
+        reduction: "mean" (default) or "sum": how the micro-batches' and replicas'
+            gradients combine before the optimiser step.
     """
     program = Program(ir, traced, gradients is not None, micro_batches, [], [], {}, {},
-                      trained=gradients.trained if gradients else [])
+                      trained=gradients.trained if gradients else [], reduction=reduction)
     trained = plans if gradients and gradients.trained else []
     with ir.main_graph:
         _add_variables(program, forward, start)
@@ -171,9 +176,10 @@ def _build_step(program: Program, forward: Graph, gradients: Gradients | None, p
         grad_sums = list(grads) if g == 0 else [a + b for a, b in zip(grad_sums, grads)]
     if gradients and gradients.trained:
         if program.ir.replication_factor > 1:
-            # Data parallelism: every replica applies the mean of all replicas' gradients.
-            grad_sums = [replicated_all_reduce(g, op="mean") for g in grad_sums]
-        _apply_optimizer(program, plans, dict(zip(gradients.trained, grad_sums)), micro_batches, inputs)
+            # Data parallelism: every replica applies the mean (or sum) of all replicas' gradients.
+            grad_sums = [replicated_all_reduce(g, op="add" if program.reduction == "sum" else "mean") for g in grad_sums]
+        divisor = micro_batches if program.reduction == "mean" else 1
+        _apply_optimizer(program, plans, dict(zip(gradients.trained, grad_sums)), divisor, inputs)
 
 
 def _add_variables(program: Program, forward: Graph, start: StartValues) -> None:
@@ -193,7 +199,9 @@ def _add_streams(program: Program) -> None:
     out per input written in place and micro-batch."""
     traced, count = program.traced, program.micro_batches
     for name, spec in zip(traced.input_names, traced.input_specs):
-        program.inputs.append(h2d_stream((count * spec.shape[0], *spec.shape[1:]), spec.dtype, name))
+        # a scalar input (only without gradient accumulation: batching.split_batch) streams as it is
+        shape = (count * spec.shape[0], *spec.shape[1:]) if spec.shape else ()
+        program.inputs.append(h2d_stream(shape, spec.dtype, name))
     suffix = [f"_mb{g}" if count > 1 else "" for g in range(count)]
     program.outputs = [[d2h_stream(spec.shape, spec.dtype, f"output{j}{suffix[g]}") for g in range(count)]
                        for j, spec in enumerate(traced.output_specs)]
@@ -287,18 +295,22 @@ def _add_optimizer_variables(program: Program, plans: list[ParamPlan],
             program.states[(plan.name, state)] = variable(data, spec.dtype, name=f"{plan.name}.{state}")
 
 
-def _apply_optimizer(program: Program, plans: list[ParamPlan], grads: dict[str, Tensor], micro_batches: int,
+def _apply_optimizer(program: Program, plans: list[ParamPlan], grads: dict[str, Tensor], divisor: int,
                      inputs: dict[Variable, Tensor]) -> None:
-    """Each trained parameter's update rule on the mean gradient, on the step graph's
-    inputs of its weight, state and learning-rate variables."""
+    """Each trained parameter's update rule on the mean gradient (loss scaling divided
+    out, then clipped to the optimiser's ``max_grad_norm``), on the step graph's inputs
+    of its weight, state and learning-rate variables."""
+    mean: dict[str, Tensor] = {}
     for plan in plans:
-        if plan.name not in grads:
+        if plan.name in grads:
+            scale = 1.0 / (divisor * plan.loss_scaling)
+            mean[plan.name] = grads[plan.name] if scale == 1.0 else grads[plan.name] * scale
+    if plans:
+        mean = dict(zip(mean, clip_grad_norm(list(mean.values()), plans[0].max_grad_norm)))
+    for plan in plans:
+        if plan.name not in mean:
             continue
-        grad = grads[plan.name]
-        scale = 1.0 / (micro_batches * plan.loss_scaling)
-        if scale != 1.0:
-            grad = grad * scale
         hypers = {k: v for k, v in plan.hypers.items() if k != "lr"}
         states = {state: inputs[var] for (name, state), var in program.states.items() if name == plan.name}
-        RULES[plan.rule](inputs[program.params[plan.name]], grad, **states,
+        RULES[plan.rule](inputs[program.params[plan.name]], mean[plan.name], **states,
                          lr=inputs[program.learning_rates[plan.group]], **hypers, **plan.flags)

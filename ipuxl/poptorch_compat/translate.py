@@ -30,7 +30,8 @@ from ipuxl.ir.context import user_source_line
 from ipuxl.optim.rules import StateSpec, state_specs
 from ipuxl.poptorch_compat import optim as poptorch_optim
 from ipuxl.poptorch_compat.optim import (
-    LAMB_MAX_WEIGHT_NORM, TORCH_STATE_NAMES, check_extras, explicit_state_dtypes, scalar_dtype, unwrapped_step,
+    GLOBAL_EXTRAS, INF, LAMB_MAX_WEIGHT_NORM, TORCH_STATE_NAMES, check_extras, explicit_state_dtypes, scalar_dtype,
+    unwrapped_step,
 )
 
 __all__ = ["ParamPlan", "translate", "initial_state", "write_state", "SUPPORTED"]
@@ -65,6 +66,10 @@ class ParamPlan:
         loss_scaling: the gradient the rule gets is ``grad / loss_scaling``.
         grad_accum_dtype: dtype for accumulating this parameter's gradient over
             micro-batches (PopTorch's ``accum_type``); ``None``: the parameter's dtype.
+        max_grad_norm: before any update, the gradients of all the optimiser's
+            parameters are scaled by ``max_grad_norm / max(norm, max_grad_norm)``
+            (``norm``: their global L2 norm, after dividing out the loss scaling);
+            ``inf``: no clipping. The same value in every plan of an optimiser.
     """
 
     name: str
@@ -75,6 +80,7 @@ class ParamPlan:
     state_dtypes: dict[str, torch.dtype] = field(default_factory=dict)
     loss_scaling: float = 1.0
     grad_accum_dtype: torch.dtype | None = None
+    max_grad_norm: float = INF
 
     def structure_key(self) -> tuple:
         """Hashable; equal for two plans iff a program built for one runs the other by only
@@ -91,7 +97,8 @@ class ParamPlan:
                 tuple(sorted(self.hypers)),
                 tuple(sorted(k for k, v in self.hypers.items() if v == 0)),
                 self.loss_scaling != 1.0,
-                str(self.grad_accum_dtype))
+                str(self.grad_accum_dtype),
+                self.max_grad_norm)
 
     def __hash__(self) -> int:  # consistent with the generated __eq__ (the dict fields are not hashable)
         return hash((self.name, self.group, self.structure_key(), tuple(sorted(self.hypers.items())),
@@ -174,6 +181,8 @@ def _group_plan(optimizer: Any, rule: str, group: dict[str, Any], gi: int) -> tu
         flags["bias_correction"] = bool(group.get("bias_correction", True))
     else:
         flags["centered"] = bool(group.get("centered", False))
+        if group.get("use_tf_variant", False):
+            flags["tf_variant"] = True
     return hypers, flags, float(group.get("loss_scaling", 1.0)), group.get("accum_type")
 
 
@@ -192,6 +201,7 @@ def translate(optimizer: torch.optim.Optimizer, names: Mapping[Any, str]) -> lis
     skips parameters that get no gradient (as ``torch.optim`` skips ``grad is None``).
     """
     rule = _rule_of(optimizer)
+    _check_global_extras(optimizer)
     by_id = {}
     for key, value in names.items():
         tensor, name = (value, key) if isinstance(key, str) else (key, value)
@@ -217,8 +227,19 @@ def translate(optimizer: torch.optim.Optimizer, names: Mapping[Any, str]) -> lis
             used = state_specs(rule, p, **hypers, **flags)
             dtypes = {f"{s}_dtype": d for s, d in explicit.items() if s in used and d != p.dtype}
             plans.append(ParamPlan(by_id[id(p)], gi, rule, dict(hypers), dict(flags), dtypes, ls,
-                                   None if accum in (None, p.dtype) else accum))
+                                   None if accum in (None, p.dtype) else accum,
+                                   float(group.get("max_grad_norm", INF))))
     return plans
+
+
+def _check_global_extras(optimizer: torch.optim.Optimizer) -> None:
+    """``loss_scaling`` and ``max_grad_norm`` are one value per optimiser (PopTorch's optimizer
+    attributes): refuse param groups edited to differ."""
+    for key in GLOBAL_EXTRAS:
+        values = [group.get(key) for group in optimizer.param_groups]
+        if any(v != values[0] for v in values):
+            raise _error(f"{key} differs between param groups ({values}); it is one value for the whole optimiser",
+                         f"set it on the optimiser (opt.{key} = ...), not in its param groups")
 
 
 # -- state ------------------------------------------------------------------------------
@@ -232,6 +253,9 @@ def initial_state(optimizer: torch.optim.Optimizer, param: torch.Tensor, plan: P
     """
     torch_state = optimizer.state.get(param) if hasattr(optimizer.state, "get") else None
     if not torch_state:
+        if plan.flags.get("tf_variant", False):  # TensorFlow's RMSprop starts square_avg at one
+            spec = plan.state_specs(param)["square_avg"]
+            return {"square_avg": torch.ones(spec.shape, dtype=spec.dtype)}
         return {}
     out = {}
     for name, spec in plan.state_specs(param).items():

@@ -70,8 +70,7 @@ def test_adam_adamw_rmsprop_plans():
 
 def test_poptorch_style_plans_honour_extras():
     net, names = _net()
-    lamb = ts.LAMB([{"params": [net.fc.weight]}, {"params": [net.fc.bias, net.out.weight], "lr": 0.2,
-                                                    "loss_scaling": 16.0}],
+    lamb = ts.LAMB([{"params": [net.fc.weight]}, {"params": [net.fc.bias, net.out.weight], "lr": 0.2}],
                    lr=0.1, bias_correction=False, max_weight_norm=10.0, loss_scaling=4.0,
                    first_order_momentum_accum_type=torch.float16, accum_type=torch.float16)
     plans = translate(lamb, names)
@@ -81,7 +80,7 @@ def test_poptorch_style_plans_honour_extras():
     assert plans[0].flags == {"bias_correction": False}
     assert plans[0].state_dtypes == {"first_order_dtype": torch.float16}
     assert plans[0].grad_accum_dtype is torch.float16
-    assert [p.loss_scaling for p in plans] == [4.0, 16.0, 16.0]
+    assert [p.loss_scaling for p in plans] == [4.0, 4.0, 4.0]
     specs = plans[0].state_specs(net.fc.weight)
     assert specs["first_order"].dtype == torch.float16 and specs["second_order"].dtype == torch.float32
     assert "step" not in specs  # no bias correction
@@ -356,9 +355,10 @@ def test_ignored_options_and_invalid_group_edits():
     opt.param_groups[0]["dampening"] = 0.5
     with pytest.raises(InvalidArgumentError, match="Nesterov momentum requires"):
         translate(opt, names)
-    popt = ts.Adam(net.parameters())
-    popt.param_groups[0]["max_grad_norm"] = 1.0
-    with pytest.raises(InvalidArgumentError, match="not supported yet"):
+    popt = ts.Adam([{"params": [net.fc.weight]}, {"params": [net.fc.bias]}], max_grad_norm=2.0)
+    assert {p.max_grad_norm for p in translate(popt, names)} == {2.0}
+    popt.param_groups[1]["max_grad_norm"] = 1.0
+    with pytest.raises(InvalidArgumentError, match="max_grad_norm differs between param groups"):
         translate(popt, names)
     with pytest.raises(InvalidArgumentError, match="unknown state"):
         write_state(opt, net.fc.bias, translate(torch.optim.SGD(net.parameters(), lr=0.1), names)[1],

@@ -278,15 +278,6 @@ def test_replication_factor_is_validated():
         training(*make_data(3))
 
 
-def test_unseeded_random_ops_are_refused():
-    class Noisy(MLP):
-        def forward(self, x, y):
-            return super().forward(x + torch.randn_like(x), y)
-
-    with pytest.raises(TraceError, match="random op"):
-        ipuxl.trainingModel(Noisy(), Options())(*make_data(4))
-
-
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_training_with_dropout_equals_eager_replaying_the_device_masks(accumulation):
     """Dropout end to end: eager steps with the device's masks give the device's weights."""

@@ -1,0 +1,176 @@
+"""What a failed or refused trace tells the user: ``TraceError``s that keep torch's type.
+
+* ``trace_error``: an exception raised while a module's forward ran under make_fx
+  becomes a ``TraceError`` naming the module and the user's line. When eager
+  PyTorch would raise a built-in type for the same call (a ``TypeError`` for a bad
+  argument, an ``IndexError`` for an index out of range...), the error is also an
+  instance of that type (``error_class``), with the original as ``__cause__`` and
+  its message kept, so ``except IndexError`` handlers keep working.
+  Tracing runs meta kernels, whose messages differ from eager's (``a and b must
+  have same reduction dim`` for ``mat1 and mat2 shapes cannot be multiplied``):
+  ``eager_error`` replays a failed call eagerly, on zeros of the same shapes, to
+  raise eager's own error instead.
+* ``refuse_data_dependent``: an op whose output shape depends on tensor values
+  (``x[mask]``, ``nonzero``, ``bincount``, ``unique``, ``masked_select``) traces to
+  a shape with unknown sizes; PopTorch refuses such ops, and so does ipuxl, naming
+  the op, the module and the line, with the static-shape way to write it.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import _disable_current_modes
+
+from ipuxl.errors import TraceError
+from ipuxl.ir.context import SKIP_PREFIXES, STDLIB_DIR, traceback_source_line
+
+__all__ = ["trace_error", "error_class", "rebuild_error", "eager_error", "refuse_data_dependent", "user_line", "DATA_DEPENDENT"]
+
+# words in torch's messages that mean "a tensor's value decided something at trace time"
+DATA_DEPENDENT = ("DataDependent", "data-dependent", "data dependent", "GuardOnDataDependent", "item()",
+                  "Could not guard", "_local_scalar_dense")
+
+_CLASSES: dict[type[BaseException], type[TraceError]] = {}
+
+
+def error_class(builtin: type[BaseException]) -> type[TraceError]:
+    """``TraceError``, or a subclass of it that is also the built-in exception ``builtin``
+    (one class per built-in type)."""
+    if builtin in _CLASSES:
+        return _CLASSES[builtin]
+    cls: type[TraceError] = TraceError
+    if not issubclass(TraceError, builtin):
+        def reduce(error: TraceError) -> tuple:  # pickled by its built-in type (the class is made here)
+            return rebuild_error, (builtin, error.what, error.where, error.fix)
+
+        namespace = {"__module__": TraceError.__module__, "__str__": BaseException.__str__, "__reduce__": reduce}
+        try:
+            cls = type(f"TraceError_{builtin.__name__}", (TraceError, builtin), namespace)
+        except TypeError:  # a built-in with its own instance layout (OSError...): TraceError alone
+            cls = TraceError
+    _CLASSES[builtin] = cls
+    return cls
+
+
+def rebuild_error(builtin: type[BaseException], what: str, where: str | None, fix: str | None) -> TraceError:
+    """An ``error_class(builtin)`` error again (how those errors unpickle)."""
+    return error_class(builtin)(what, where=where, fix=fix)
+
+
+def _builtin_type(exc: BaseException) -> type[BaseException]:
+    """The most specific built-in exception class ``exc`` is an instance of."""
+    for base in type(exc).__mro__:
+        if base.__module__ == "builtins" and issubclass(base, Exception):
+            return base
+    return Exception
+
+
+def eager_error(func: Callable, args: tuple, kwargs: dict, failure: Exception) -> Exception | None:
+    """The exception eager PyTorch raises for ``func(*args, **kwargs)``, which failed with
+    ``failure`` while tracing: the call replayed with every tensor replaced by zeros of
+    its shape and dtype. None when that call succeeds, or when ``failure`` came from
+    values not known while tracing (nothing to replay)."""
+    if _is_data_dependent(failure):
+        return None
+    tensors = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
+    if any(not isinstance(s, int) for t in tensors for s in t.shape):
+        return None
+
+    def real(value: Any) -> Any:
+        return torch.zeros(tuple(value.shape), dtype=value.dtype) if isinstance(value, torch.Tensor) else value
+
+    try:
+        with _disable_current_modes(), torch.no_grad():
+            real_args, real_kwargs = pytree.tree_map(real, (args, kwargs))
+            func(*real_args, **real_kwargs)
+    except Exception as exc:  # noqa: BLE001 - whatever eager raises is the answer
+        return exc
+    return None
+
+
+def _is_data_dependent(exc: Exception) -> bool:
+    return any(k in f"{type(exc).__name__} {exc}" for k in DATA_DEPENDENT)
+
+
+def trace_error(module_name: str, exc: Exception) -> TraceError:
+    """The ``TraceError`` for ``exc``, raised while tracing module ``module_name`` (see the
+    module docstring); raise it ``from exc``."""
+    message = str(exc).strip()
+    if _is_data_dependent(exc):
+        message = message.splitlines()[0] if message else ""
+        fix = ("tensor values are not known while capturing: replace Python control flow on tensor values "
+               "and .item()/.tolist()/bool(tensor) by tensor ops (torch.where, masks), or do that work on the host")
+        cls: type[TraceError] = TraceError
+    else:
+        fix = ("check that call's arguments (shapes, dims, dtypes, indices): eager PyTorch raises the same error "
+               "for them; if it runs eagerly, rewrite it with standard torch ops")
+        cls = error_class(_builtin_type(exc))
+    return cls(f"cannot capture module {module_name}: {type(exc).__name__}: {message}",
+               where=traceback_source_line(exc.__traceback__), fix=fix)
+
+
+# how to write each refused op with a static shape
+_STATIC_FORMS = {
+    "nonzero": "use a mask with static shape instead: torch.where(mask, x, 0), x * mask, or "
+               "torch.nonzero_static(mask, size=N) with a fixed N",
+    "masked_select": "use torch.where(mask, x, 0) or x * mask (same shape as x) and reduce that",
+    "index": "index with a mask of static shape instead: torch.where(mask, x, 0) or x * mask (same shape "
+             "as x), then reduce that",
+    "bincount": "count with a known number of bins: F.one_hot(x, num_classes=N).sum(0), or "
+                "torch.zeros(N).scatter_add_(0, x, torch.ones_like(x, dtype=torch.float))",
+    "unique": "compute it on the host, or compare against a known set of values (x[:, None] == values)",
+}
+_GENERIC_FORM = "rewrite it with ops whose output shapes follow from the input shapes (torch.where, masks)"
+
+
+def refuse_data_dependent(gm: fx.GraphModule, module_name: str) -> None:
+    """Raise a ``TraceError`` at the first op of ``gm`` whose output shape depends on values."""
+    for node in gm.graph.nodes:
+        shape = _unknown_shape(node.meta.get("val"))
+        if node.op != "call_function" or shape is None:
+            continue
+        op = _op_name(node)
+        fix = next((form for key, form in _STATIC_FORMS.items() if key in op), _GENERIC_FORM)
+        raise TraceError(
+            f"module {module_name} uses aten.{op}, whose output shape depends on tensor values (shape "
+            f"{shape}); like PopTorch, ipuxl needs every shape known when the program is compiled "
+            "(boolean-mask indexing x[mask], nonzero, masked_select, bincount and unique have such shapes)",
+            where=user_line(node.meta.get("stack_trace")), fix=fix)
+
+
+def _unknown_shape(val: object) -> tuple | None:
+    """The first shape in a node's value (a tensor, or a tuple of them) with a size not known
+    at trace time, or None."""
+    for t in val if isinstance(val, (tuple, list)) else (val,):
+        if isinstance(t, torch.Tensor) and any(not isinstance(s, int) for s in t.shape):
+            return tuple(t.shape)
+    return None
+
+
+def _op_name(node: fx.Node) -> str:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.name.split("::")[-1]
+    return getattr(target, "__name__", str(target))
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+_THIRD_PARTY = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+
+
+def user_line(stack_trace: str | None) -> str | None:
+    """``file:line in function`` of the innermost user frame of a make_fx stack trace."""
+    found = None
+    for filename, line, function in _FRAME.findall(stack_trace or ""):
+        path = os.path.abspath(filename)
+        if not path.startswith(SKIP_PREFIXES) and (not path.startswith(STDLIB_DIR)
+                                                    or any(d in path for d in _THIRD_PARTY)):
+            found = f"{filename}:{line} in {function}"
+    return found
+
