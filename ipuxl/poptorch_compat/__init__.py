@@ -41,7 +41,7 @@ if TYPE_CHECKING:
         MeanReductionStrategy, MultiConvPlanType, OverlapMode, ReductionType, SharingStrategy, SyncPattern,
         VariableRetrievalMode,
     )
-    from ipuxl.poptorch_compat.hardware import ipuHardwareIsAvailable, ipuHardwareVersion
+    from ipuxl.poptorch_compat.hardware import ipuHardwareIsAvailable, ipuHardwareVersion, isRunningOnIpu
     from ipuxl.poptorch_compat.option_groups import TensorLocationSettings
     from ipuxl.poptorch_compat.poptorch_logging import logger, setLogLevel
     from ipuxl.poptorch_compat.ops import (
@@ -108,6 +108,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "setLogLevel": ("ipuxl.poptorch_compat.poptorch_logging", "setLogLevel"),
     "ipuHardwareIsAvailable": ("ipuxl.poptorch_compat.hardware", "ipuHardwareIsAvailable"),
     "ipuHardwareVersion": ("ipuxl.poptorch_compat.hardware", "ipuHardwareVersion"),
+    "isRunningOnIpu": ("ipuxl.poptorch_compat.hardware", "isRunningOnIpu"),
     "TensorLocationSettings": ("ipuxl.poptorch_compat.option_groups", "TensorLocationSettings"),
     "ConfigFileError": ("ipuxl.errors", "ConfigFileError"),
     "Error": ("ipuxl.errors", "PoptorchError"),

@@ -1,14 +1,23 @@
 """PopTorch's hardware queries: ipuxl's device is always simulated, so no IPU hardware
 is ever present (``ipuHardwareIsAvailable`` is False, ``ipuHardwareVersion`` raises as
-upstream does without hardware)."""
+upstream does without hardware). ``isRunningOnIpu`` tells a model's forward whether it
+runs on the (simulated) IPU, i.e. is being captured for a ``trainingModel`` or
+``inferenceModel``."""
 from __future__ import annotations
 
 import numbers
 
+from ipuxl.capture.mode import active_mode
 from ipuxl.errors import InvalidArgumentError, NoIpuHardwareError
 from ipuxl.ir.context import user_source_line
 
-__all__ = ["ipuHardwareIsAvailable", "ipuHardwareVersion"]
+__all__ = ["ipuHardwareIsAvailable", "ipuHardwareVersion", "isRunningOnIpu"]
+
+
+def isRunningOnIpu() -> bool:  # noqa: N802 - PopTorch's name
+    """True inside a forward that ipuxl captures for the device (the IPU code path of
+    ``if poptorch.isRunningOnIpu(): ... else: ...``), False when the model runs eagerly."""
+    return active_mode() is not None
 
 
 def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:  # noqa: N802 - PopTorch's name

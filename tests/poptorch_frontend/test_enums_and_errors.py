@@ -185,3 +185,15 @@ def test_there_is_no_ipu_hardware_on_a_simulated_device():
     assert isinstance(info.value, errors.NoIpuHardwareError)
     with pytest.raises(TypeError, match="num_ipus must be an int"):
         poptorch.ipuHardwareIsAvailable("1")
+
+
+def test_is_running_on_ipu_is_true_only_inside_the_captured_forward():
+    class TwoPaths(torch.nn.Module):
+        def forward(self, x):
+            return x * 2 if poptorch.isRunningOnIpu() else x * 3
+
+    model = TwoPaths()
+    x = torch.ones(2)
+    assert not poptorch.isRunningOnIpu()
+    torch.testing.assert_close(model(x), x * 3)
+    torch.testing.assert_close(poptorch.inferenceModel(model)(x), x * 2)
