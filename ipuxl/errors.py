@@ -48,6 +48,8 @@ __all__ = [
     "NoIpuHardwareError",
     "ConfigFileError",
     "ExecutorError",
+    "OfflineDeviceError",
+    "AnchorError",
 ]
 
 
@@ -239,10 +241,21 @@ class DetachedError(DeviceError):
     """The session was used while not attached to its device."""
 
 
+class OfflineDeviceError(DetachedError, AssertionError):
+    """A model compiled for an offline device (``ConnectionType.Never``) was run or
+    attached (PopTorch fails an assertion there)."""
+
+
 class ExecutorError(PoptorchError, RuntimeError):
     """A ``PoplarExecutor`` method or PopTorch function was used where it cannot work: the
     model is not compiled, a file is not an ipuxl executable, a hook is not callable
     (PopTorch raises ``poptorch.Error`` or a ``RuntimeError`` there)."""
+
+
+class AnchorError(ExecutorError, AssertionError):
+    """An anchored tensor (``Options.anchorTensor``) names no tensor of the program, or
+    ``getAnchoredTensor`` asks for a name not anchored or not yet returned (PopTorch
+    asserts there: an AssertionError)."""
 
 
 class BatchSizeError(StreamInputError):
@@ -303,3 +316,52 @@ class CompatImportError(IpuxlError, ModuleNotFoundError):
 # -- data -------------------------------------------------------------------------
 class DataError(IpuxlError, FileNotFoundError):
     """A dataset could not be found where it was looked for."""
+
+
+# -- an ipuxl error that is also the built-in type eager PyTorch raised -------------------
+_WITH_BUILTIN: dict[tuple[type[IpuxlError], type[BaseException]], type[IpuxlError]] = {}
+
+
+def with_builtin(cls: type[IpuxlError], builtin: type[BaseException]) -> type[IpuxlError]:
+    """``cls``, or a subclass of it that is also the built-in exception ``builtin``, named
+    ``<cls>_<builtin>`` (e.g. ``DeviceError_IndexError``): made once per pair, and pickled
+    by that pair, so it unpickles in another process too. ``cls`` itself when it already
+    is a ``builtin``, or when ``builtin`` cannot be a second base (``OSError``...).
+
+    Example: ``with_builtin(DeviceError, IndexError)("index 7 out of range")`` is caught
+    by ``except IndexError`` and by ``except DeviceError``.
+    """
+    key = (cls, builtin)
+    if key not in _WITH_BUILTIN:
+        _WITH_BUILTIN[key] = cls if issubclass(cls, builtin) else _subclass(cls, builtin)
+    return _WITH_BUILTIN[key]
+
+
+def builtin_type(exc: BaseException) -> type[Exception]:
+    """The most specific built-in exception class ``exc`` is an instance of (``RuntimeError``
+    for torch's ``OutOfMemoryError``...; ``Exception`` when none is more specific)."""
+    for base in type(exc).__mro__:
+        if base.__module__ == "builtins" and issubclass(base, Exception):
+            return base
+    return Exception
+
+
+def _subclass(cls: type[IpuxlError], builtin: type[BaseException]) -> type[IpuxlError]:
+    def reduce(error: BaseException) -> tuple:  # the made class has no importable name: rebuild it
+        return _rebuild_with_builtin, (cls, builtin, error.args), error.__dict__
+
+    # BaseException.__str__: a built-in's own (KeyError's repr of its key) would hide the message
+    namespace = {"__module__": cls.__module__, "__qualname__": f"{cls.__qualname__}_{builtin.__name__}",
+                 "__str__": BaseException.__str__, "__reduce__": reduce}
+    try:
+        return type(f"{cls.__name__}_{builtin.__name__}", (cls, builtin), namespace)
+    except TypeError:  # a built-in with its own instance layout: ``cls`` alone
+        return cls
+
+
+def _rebuild_with_builtin(cls: type[IpuxlError], builtin: type[BaseException], args: tuple) -> BaseException:
+    """An unpickled ``with_builtin(cls, builtin)`` error (its attributes follow as state)."""
+    made = with_builtin(cls, builtin)
+    error = made.__new__(made)
+    error.args = args
+    return error

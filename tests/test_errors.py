@@ -61,6 +61,8 @@ HIERARCHY = [
     (errors.RecoverableError, errors.PoptorchError, ()),
     (errors.UnrecoverableError, errors.PoptorchError, ()),
     (errors.ExecutorError, errors.PoptorchError, (RuntimeError,)),
+    (errors.AnchorError, errors.ExecutorError, (RuntimeError, AssertionError)),
+    (errors.OfflineDeviceError, DetachedError, (RuntimeError, AssertionError)),
     (errors.NoIpuHardwareError, IpuxlError, (AssertionError,)),
     (errors.ConfigFileError, OptionsError, (ValueError, AssertionError)),
     (errors.OpArgumentError, TraceError, (ValueError, AssertionError, RuntimeError)),

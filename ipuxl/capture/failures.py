@@ -4,8 +4,9 @@
   becomes a ``TraceError`` naming the module and the user's line. When eager
   PyTorch would raise a built-in type for the same call (a ``TypeError`` for a bad
   argument, an ``IndexError`` for an index out of range...), the error is also an
-  instance of that type (``error_class``), with the original as ``__cause__`` and
-  its message kept, so ``except IndexError`` handlers keep working.
+  instance of that type (``error_class``, from ``errors.with_builtin``), with the
+  original as ``__cause__`` and its message kept, so ``except IndexError`` handlers
+  keep working.
   Tracing runs meta kernels, whose messages differ from eager's (``a and b must
   have same reduction dim`` for ``mat1 and mat2 shapes cannot be multiplied``):
   ``eager_error`` replays a failed call eagerly, on zeros of the same shapes, to
@@ -20,55 +21,27 @@ from __future__ import annotations
 import os
 import re
 
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ipuxl.errors import TraceError
+from ipuxl.errors import TraceError, builtin_type, with_builtin
 from ipuxl.ir.context import SKIP_PREFIXES, STDLIB_DIR, traceback_source_line
 
-__all__ = ["trace_error", "error_class", "rebuild_error", "eager_error", "refuse_data_dependent", "user_line", "DATA_DEPENDENT"]
+__all__ = ["trace_error", "error_class", "eager_error", "refuse_data_dependent", "user_line", "DATA_DEPENDENT"]
 
 # words in torch's messages that mean "a tensor's value decided something at trace time"
 DATA_DEPENDENT = ("DataDependent", "data-dependent", "data dependent", "GuardOnDataDependent", "item()",
                   "Could not guard", "_local_scalar_dense")
 
-_CLASSES: dict[type[BaseException], type[TraceError]] = {}
-
 
 def error_class(builtin: type[BaseException]) -> type[TraceError]:
-    """``TraceError``, or a subclass of it that is also the built-in exception ``builtin``
-    (one class per built-in type)."""
-    if builtin in _CLASSES:
-        return _CLASSES[builtin]
-    cls: type[TraceError] = TraceError
-    if not issubclass(TraceError, builtin):
-        def reduce(error: TraceError) -> tuple:  # pickled by its built-in type (the class is made here)
-            return rebuild_error, (builtin, error.what, error.where, error.fix)
-
-        namespace = {"__module__": TraceError.__module__, "__str__": BaseException.__str__, "__reduce__": reduce}
-        try:
-            cls = type(f"TraceError_{builtin.__name__}", (TraceError, builtin), namespace)
-        except TypeError:  # a built-in with its own instance layout (OSError...): TraceError alone
-            cls = TraceError
-    _CLASSES[builtin] = cls
-    return cls
-
-
-def rebuild_error(builtin: type[BaseException], what: str, where: str | None, fix: str | None) -> TraceError:
-    """An ``error_class(builtin)`` error again (how those errors unpickle)."""
-    return error_class(builtin)(what, where=where, fix=fix)
-
-
-def _builtin_type(exc: BaseException) -> type[BaseException]:
-    """The most specific built-in exception class ``exc`` is an instance of."""
-    for base in type(exc).__mro__:
-        if base.__module__ == "builtins" and issubclass(base, Exception):
-            return base
-    return Exception
+    """``TraceError``, or its subclass that is also the built-in exception ``builtin``
+    (``errors.with_builtin``)."""
+    return cast("type[TraceError]", with_builtin(TraceError, builtin))
 
 
 def eager_error(func: Callable, args: tuple, kwargs: dict, failure: Exception) -> Exception | None:
@@ -110,7 +83,7 @@ def trace_error(module_name: str, exc: Exception) -> TraceError:
     else:
         fix = ("check that call's arguments (shapes, dims, dtypes, indices): eager PyTorch raises the same error "
                "for them; if it runs eagerly, rewrite it with standard torch ops")
-        cls = error_class(_builtin_type(exc))
+        cls = error_class(builtin_type(exc))
     return cls(f"cannot capture module {module_name}: {type(exc).__name__}: {message}",
                where=traceback_source_line(exc.__traceback__), fix=fix)
 

@@ -9,25 +9,33 @@ the active capture, which ``identity_loss`` and outlined blocks consult.
 The loss is found as PopTorch finds it (``find_loss``): the output produced by a
 torch loss function (``F.cross_entropy``, ``nn.MSELoss``...) or marked with
 ``ipuxl.identity_loss``; failing that, the single scalar float output.
+
+``Precision`` holds PopTorch's float16 rules for a capture (``Options.Precision``):
+with ``downcast_to_half`` (``HalfFloatCastingBehavior.FloatDowncastToHalf``) an op
+whose floating-point operands mix float16 and float32 gets its float32 operands cast
+to float16 (the tensor an in-place op writes, and batch norm's running statistics,
+keep their dtype); otherwise PyTorch's promotion rules apply.
 """
 from __future__ import annotations
 
 import contextlib
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
+from torch.utils import _pytree as pytree
 
 from ipuxl.capture.constants import OutsideTensors
 from ipuxl.capture.dropout import DropoutMode
 from ipuxl.capture.failures import eager_error
-from ipuxl.capture.grad_mode import NOT_HANDLED, GradTracker
+from ipuxl.capture.grad_mode import NOT_HANDLED, GradTracker, is_inplace
 from ipuxl.capture.reductions import NOT_PROD, static_prod
 from ipuxl.errors import IpuxlError, OpArgumentError
 from ipuxl.ir.context import user_source_line
 
-__all__ = ["CaptureMode", "capturing", "active_mode", "identity_loss", "find_loss"]
+__all__ = ["CaptureMode", "Precision", "capturing", "active_mode", "identity_loss", "find_loss"]
 
 _LOSS_FUNCTIONS = frozenset(
     getattr(F, name) for name in dir(F)
@@ -35,6 +43,25 @@ _LOSS_FUNCTIONS = frozenset(
                                           "binary_cross_entropy_with_logits", "kl_div"))
 
 _state = threading.local()  # the active CaptureMode of this thread (``capturing``)
+
+# conversions keep their meaning: their operands are never downcast
+_CONVERSIONS = frozenset({torch.Tensor.to, torch.Tensor.type, torch.Tensor.type_as, torch.Tensor.copy_})
+# normalisations whose running statistics (arguments 1 and 2) keep their dtype
+_RUNNING_STATISTICS = frozenset({F.batch_norm, torch.batch_norm, F.instance_norm, torch.instance_norm})
+
+
+@dataclass(frozen=True)
+class Precision:
+    """PopTorch's float16 rules for a capture (see the module docstring).
+
+    Attributes:
+        downcast_to_half: cast float32 operands of ops mixing float16 and float32 to float16.
+        float_statistics: batch norm running statistics of float16 modules are traced
+            (and kept on the device) in float32 (``runningStatisticsAlwaysFloat``).
+    """
+
+    downcast_to_half: bool = False
+    float_statistics: bool = False
 
 
 class CaptureMode(DropoutMode):
@@ -48,15 +75,18 @@ class CaptureMode(DropoutMode):
             tensors when ``seed`` is one: a dry run on meta tensors).
     """
 
-    def __init__(self, seed: torch.Tensor, grads: GradTracker | None = None):
+    def __init__(self, seed: torch.Tensor, grads: GradTracker | None = None, precision: Precision = Precision()):
         super().__init__(seed)
         self.losses: list[torch.Tensor] = []
         self.marked: list[torch.Tensor] = []
         self.grads = grads
+        self.precision = precision
         self.outside = OutsideTensors(to_meta=seed.device.type == "meta")
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         args, kwargs = self.outside.lift(func, args, kwargs or {})
+        if self.precision.downcast_to_half:
+            args, kwargs = self.downcast(func, args, kwargs)
         grads = self.grads
         if grads is None:
             return self.call_checked(func, args, kwargs)
@@ -69,6 +99,27 @@ class CaptureMode(DropoutMode):
             out = self.call_checked(func, args, kwargs)
         grads.record(func, args, kwargs, out)
         return out
+
+    def downcast(self, func: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """``func``'s operands with float32 tensors cast to float16 when they mix with
+        float16 ones (``HalfFloatCastingBehavior.FloatDowncastToHalf``); a cast operand
+        keeps its autograd state, so gradients reach float32 parameters."""
+        leaves = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
+        if func in _CONVERSIONS or not {torch.float16, torch.float32} <= {v.dtype for v in leaves}:
+            return args, kwargs
+        kept = {id(args[0])} if args and is_inplace(func) else set()
+        if func in _RUNNING_STATISTICS:
+            kept |= {id(v) for v in (*args[1:3], kwargs.get("running_mean"), kwargs.get("running_var"))}
+
+        def cast(value: Any) -> Any:
+            if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or id(value) in kept:
+                return value
+            half = value.to(torch.float16)
+            if self.grads is not None:
+                self.grads.state[half] = self.grads.flags(value)
+            return half
+
+        return pytree.tree_map(cast, (args, kwargs))
 
     def call_checked(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         """``call``; a failure raises the error eager PyTorch raises for the same call, when

@@ -17,7 +17,10 @@ tensors from outside the module become constants (``capture.constants``) and the
 loss is found as PopTorch finds it. A training trace keeps each submodule's own
 ``training`` flag (``_train_flags``). Errors keep torch's type, and ops whose output
 shapes depend on values are refused (``capture.failures``). With ``outline=True`` each kind of
-repeated block module is traced once and called (``capture.blocks``).
+repeated block module is traced once and called (``capture.blocks``). ``precision``
+applies PopTorch's float16 rules (``capture.mode.Precision``): with
+``float_statistics`` the running statistics of float16 batch norms are inputs (and
+updated) in float32.
 ``capture.to_ir.graph_from_trace`` then imports the result into an ``Ir``.
 """
 from __future__ import annotations
@@ -42,7 +45,7 @@ from ipuxl.capture.dropout import SEED_DTYPE, SEED_SHAPE, random_op
 from ipuxl.capture.failures import refuse_data_dependent, trace_error
 from ipuxl.capture.random_ops import unseeded_op_error
 from ipuxl.capture.grad_mode import GradTracker
-from ipuxl.capture.mode import CaptureMode, capturing, find_loss
+from ipuxl.capture.mode import CaptureMode, Precision, capturing, find_loss
 from ipuxl.capture.mutations import extract_mutations
 from ipuxl.capture.nodes import output_nodes, placeholders, spec_of
 from ipuxl.errors import TraceError
@@ -100,7 +103,8 @@ class TracedModule:
 
 
 def trace_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = None, *,
-                 training: bool, need_loss: bool, outline: bool = False) -> TracedModule:
+                 training: bool, need_loss: bool, outline: bool = False,
+                 precision: Precision = Precision()) -> TracedModule:
     """Trace ``module(*args, **kwargs)`` (see the module docstring).
 
     Args:
@@ -110,12 +114,14 @@ def trace_module(module: torch.nn.Module, args: tuple, kwargs: dict | None = Non
         outline: trace each kind of repeated block module once and record its other
             runs as calls of that trace (see ``capture.blocks``), so capture time and
             graph size grow with the number of distinct blocks, not of blocks.
+        precision: PopTorch's float16 rules (``Options.Precision``).
 
     Raises:
         TraceError: the module cannot be captured, or (``need_loss``) has no single loss.
     """
     with _train_flags(module, training):
-        return _trace_module(module, args, kwargs, training=training, need_loss=need_loss, outline=outline)
+        return _trace_module(module, args, kwargs, training=training, need_loss=need_loss, outline=outline,
+                             precision=precision)
 
 
 @contextlib.contextmanager
@@ -138,20 +144,20 @@ def _train_flags(module: torch.nn.Module, training: bool) -> Iterator[None]:
 
 
 def _trace_module(module: torch.nn.Module, args: tuple, kwargs: dict | None, *,
-                  training: bool, need_loss: bool, outline: bool) -> TracedModule:
+                  training: bool, need_loss: bool, outline: bool, precision: Precision) -> TracedModule:
     """``trace_module`` with the modules' flags already set."""
     candidates = outline_candidates(module) if outline else {}
     blocks: Blocks = {}
 
     def trace_block(need: NeedBlock) -> OutlinedBlock | None:
-        return _trace_block(need, training, candidates)
+        return _trace_block(need, training, candidates, precision)
 
     if candidates:
         discover_blocks(module, args, kwargs, candidates, blocks, trace_block)
     while True:
         try:
             traced = _trace(module, args, kwargs, training=training, need_loss=need_loss,
-                            candidates=candidates, blocks=blocks)
+                            candidates=candidates, blocks=blocks, precision=precision)
         except NeedBlock as need:  # the first run of a kind of block: trace it alone, then start again
             blocks[need.key] = trace_block(need)
             continue
@@ -170,17 +176,19 @@ class _ForwardRecord:
 
 
 def _trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, *, training: bool, need_loss: bool,
-           candidates: Candidates, blocks: Blocks) -> TracedModule:
+           candidates: Candidates, blocks: Blocks, precision: Precision) -> TracedModule:
     """One trace of the whole module (``NeedBlock`` when it meets a kind of block not traced yet)."""
     name = type(module).__name__
     call = flatten_call(module, module.forward, args, kwargs)
     params, buffers = dict(module.named_parameters()), dict(module.named_buffers())
     record = _ForwardRecord()
     fn = _functional_forward(module, call, params, buffers, record, training=training, need_loss=need_loss,
-                             candidates=candidates, blocks=blocks)
+                             candidates=candidates, blocks=blocks, precision=precision)
     example = call.tensors()
+    statistics = _half_running_statistics(module) if precision.float_statistics else set()
     gm = _make_fx(fn, module, [t.detach() for t in example], [p.detach() for p in params.values()],
-                  [b.detach() for b in buffers.values()], torch.zeros(SEED_SHAPE, dtype=SEED_DTYPE))
+                  [b.detach().float() if n in statistics else b.detach() for n, b in buffers.items()],
+                  torch.zeros(SEED_SHAPE, dtype=SEED_DTYPE))
     refuse_data_dependent(gm, name)
     _mark_roles(gm)
     mutated, mutated_inputs = extract_mutations(gm, len(example), list(params) + list(buffers))
@@ -198,9 +206,23 @@ def _trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, *, trainin
     return traced
 
 
+def _half_running_statistics(module: torch.nn.Module) -> set[str]:
+    """Names of the float16 running statistics (``running_mean``/``running_var``) of the
+    normalisation layers that track them (``runningStatisticsAlwaysFloat``)."""
+    found = set()
+    for prefix, sub in module.named_modules():
+        if not getattr(sub, "track_running_stats", False):
+            continue
+        for name, buffer in sub.named_buffers(recurse=False):
+            if name in ("running_mean", "running_var") and buffer.dtype == torch.float16:
+                found.add(f"{prefix}.{name}" if prefix else name)
+    return found
+
+
 def _functional_forward(module: torch.nn.Module, call: FlatCall, params: dict[str, torch.nn.Parameter],
                         buffers: dict[str, torch.Tensor], record: _ForwardRecord, *, training: bool,
-                        need_loss: bool, candidates: Candidates, blocks: Blocks) -> Callable[..., list[torch.Tensor]]:
+                        need_loss: bool, candidates: Candidates, blocks: Blocks,
+                        precision: Precision) -> Callable[..., list[torch.Tensor]]:
     """The function make_fx traces: ``module`` called on the given inputs, parameters,
     buffers and seed under a ``CaptureMode``; returns the output leaves."""
     name = type(module).__name__
@@ -210,7 +232,7 @@ def _functional_forward(module: torch.nn.Module, call: FlatCall, params: dict[st
            seed: torch.Tensor) -> list[torch.Tensor]:
         call_args, call_kwargs = call.with_tensors(inputs)
         trainable = [v for n, v in zip(p_names, p_vals) if params[n].requires_grad and v.is_floating_point()]
-        mode = CaptureMode(seed, GradTracker(trainable, differentiated=training))
+        mode = CaptureMode(seed, GradTracker(trainable, differentiated=training), precision)
         # a training step differentiates its forward whatever the caller's grad mode
         grad_mode = torch.enable_grad() if training else contextlib.nullcontext()
         with grad_mode, capturing(mode), outlined_blocks(candidates, blocks):
@@ -264,14 +286,15 @@ def _mark_roles(gm: fx.GraphModule) -> None:
     seed.meta[ROLE] = Role.SEED
 
 
-def _trace_block(need: NeedBlock, training: bool, candidates: Candidates) -> OutlinedBlock | None:
+def _trace_block(need: NeedBlock, training: bool, candidates: Candidates, precision: Precision) -> OutlinedBlock | None:
     """Trace one block module alone (see ``capture.blocks.outline_block``)."""
     def example(value: Any) -> Any:
         return torch.zeros(value.shape, dtype=value.dtype) if isinstance(value, torch.Tensor) else value
 
     args, kwargs = pytree.tree_map(example, (need.args, need.kwargs))
     try:
-        traced = _trace_module(need.module, args, kwargs, training=training, need_loss=False, outline=False)
+        traced = _trace_module(need.module, args, kwargs, training=training, need_loss=False, outline=False,
+                               precision=precision)
     except TraceError:
         return None  # traced inline, where the model's trace reports any real problem
     return outline_block(traced, copies=candidates[need.module][1])

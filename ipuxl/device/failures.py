@@ -9,6 +9,10 @@ first slice, tell which variables that step had already written.
 
 A step is a host transfer (see ``device.session``): the failed step is the most
 slices any stream's cursor had given out when the program raised.
+
+The error is a ``DeviceError`` and also the built-in type the kernel raised (an
+``IndexError`` for an embedding index out of range: ``errors.with_builtin``), with
+the kernel's message kept whole, as eager PyTorch would raise it.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ import torch
 
 from ipuxl.device.replicas import replica_alone
 from ipuxl.dtypes import dtype_name, to_numpy_dtype
-from ipuxl.errors import DeviceError
+from ipuxl.errors import DeviceError, builtin_type, with_builtin
 from ipuxl.ir.calls import is_repeat, repeat_count, run_repeat
 from ipuxl.ir.meta import CALLED_GRAPH, OP, OP_ID, SOURCE, STREAM
 from ipuxl.ir.streams import HostToDeviceStream
@@ -41,20 +45,21 @@ def transfer_in_progress(cursors: Sequence[Iterator[torch.Tensor]] | None, total
 
 
 def step_error(session: "Session", failure: "StepFailure") -> DeviceError:
-    """The DeviceError for a failed step: the op and user line (by re-running the step),
-    the steps kept, and a fix that fits the torch error."""
+    """The DeviceError for a failed step, also of the torch error's built-in type: the op
+    and user line (by re-running the step), the steps kept, and a fix that fits the error."""
     n, k = session.num_host_transfers, failure.step + 1
     replica = session.local_replicas[failure.index]
     replicas = session.replication_factor
     replica_part = f", replica {replica} of {replicas}" if replicas > 1 else ""
-    cause = (str(failure.exc).splitlines() or [type(failure.exc).__name__])[0]
+    cause = str(failure.exc).strip() or type(failure.exc).__name__
+    error = cast("type[DeviceError]", with_builtin(DeviceError, builtin_type(failure.exc)))
     found = _rerun_failed_step(session, failure)
     applied = min(session.steps_completed)
     state = _kept_state(session, failure, applied, found.updated if found is not None else None)
     if found is None:  # the step did not fail again (non-deterministic), or was not re-run
         late = ("; CUDA reports kernel errors late, so the step may be wrong too: run with "
                 "CUDA_LAUNCH_BLOCKING=1 or on 'cpu' to find the op") if _is_async_cuda_error(failure.exc) else ""
-        return DeviceError(
+        return error(
             f"the device program failed in step {k} of {n}{replica_part}: {cause}\n{state}",
             where=f"main program of {session.ir!r} (see session.code)",
             fix=f"check the data fed to the program (e.g. label or gather indices in range){late}",
@@ -63,7 +68,7 @@ def step_error(session: "Session", failure: "StepFailure") -> DeviceError:
              if found.path else "the main program")
     location = f"node '{found.node.name}' of {graph}; session.code shows the main program"
     at = f" at op '{found.op}'" + (f" (from {found.source})" if found.source else "")
-    return DeviceError(
+    return error(
         f"the device program failed in step {k} of {n}{replica_part}{at}: {cause}\n{state}",
         where=f"{found.source} ({location})" if found.source else location,
         fix=_fix_for(session, found, failure), steps_applied=applied, step=k, failed_op=found.op,

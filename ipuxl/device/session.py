@@ -328,7 +328,7 @@ class Session:
                 forward()
             else:
                 forward(cursors)
-        except (RuntimeError, IndexError, ValueError) as exc:
+        except Exception as exc:  # a kernel's error, of any type: reported with its type kept
             step = self._progress[index] = transfer_in_progress(cursors, self._built.steps)
             if isinstance(exc, IpuxlError):
                 raise

@@ -11,6 +11,14 @@ Under torchrun (``WORLD_SIZE`` = P > 1) each process
 feeds, and gets back, only its own R / P replicas, as each PopTorch process does
 with PopRun.
 
+``Options.inputReplicaGrouping(k, type)`` makes the replicas of one group of k share
+one input slice, as upstream: the combined batch then holds R / k slices per step
+(``[deviceIterations, gradientAccumulation, R / k, micro-batch]``) and slice g goes
+to every replica of group g (``replica_groups``: ``Consecutive`` groups
+``{0..k-1}, {k..2k-1}...``, ``Orthogonal`` groups ``{g, g + R/k, ...}``). Outputs
+still come back from every replica; an input written in place is read back from the
+first replica of each group.
+
 Outputs come back in the same order, per output mode (``reduce_outputs``: PopTorch's
 shapes): All/EveryN concatenate every returned micro-batch of every replica;
 Final/Sum give one result per replica.
@@ -23,15 +31,16 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from ipuxl.errors import BatchSizeError, OptionsError
+from ipuxl.errors import BatchSizeError, OptionsError, UnsupportedError
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.world import world
 from ipuxl.poptorch_compat.custom_args import register_subclasses
+from ipuxl.poptorch_compat.enums import CommGroupType
 from ipuxl.poptorch_compat.options import Options, OutputMode
 from ipuxl.poptorch_compat.program import Program
 
 __all__ = ["MicroBatch", "SplitBatch", "split_batch", "example_call", "describe", "replicas_here", "gather_outputs",
-           "update_inputs", "reduce_outputs"]
+           "update_inputs", "reduce_outputs", "replica_groups"]
 
 # a device run's results: the data of every device-to-host stream
 Results = dict[Any, np.ndarray]
@@ -95,6 +104,34 @@ def _local_replica_range(options: Options) -> tuple[int, int]:
     return rank * replicas, (rank + 1) * replicas
 
 
+def replica_groups(options: Options) -> list[int]:
+    """The input group of each replica this process runs (``Options.inputReplicaGrouping``):
+    replicas of one group are fed the same slice of the combined batch.
+
+    Raises:
+        OptionsError: the group size does not divide the replication factor, or
+            ``NoGrouping`` is given a group size other than 1.
+        UnsupportedError: groups of more than one replica under torchrun.
+    """
+    replicas, size, kind = options.replication_factor, options.input_group_size, options.input_group_type
+    if size == 1:
+        return list(range(*_local_replica_range(options)))
+    setting = f"Options.inputReplicaGrouping({size}, CommGroupType.{kind.name})"
+    if kind == CommGroupType.NoGrouping or replicas % size:
+        raise OptionsError(
+            f"{setting} does not fit replicationFactor({replicas}): "
+            + ("NoGrouping puts each replica in its own group" if kind == CommGroupType.NoGrouping
+               else f"{size} does not divide {replicas}"), where=user_source_line(),
+            fix="use a group size that divides the replication factor (with CommGroupType.Consecutive or "
+                "Orthogonal), or inputReplicaGrouping(1, CommGroupType.NoGrouping)")
+    if options.Distributed.numProcesses > 1:
+        raise UnsupportedError(
+            f"{setting} with {options.Distributed.numProcesses} processes",
+            where=user_source_line(), fix="run the replicas in one process, or leave inputReplicaGrouping out")
+    count = replicas // size
+    return [r // size if kind == CommGroupType.Consecutive else r % count for r in range(replicas)]
+
+
 def split_batch(options: Options, training: bool, args: tuple, kwargs: dict) -> SplitBatch:
     """Validate the combined batch of a call and split it (see the module docstring).
 
@@ -107,7 +144,9 @@ def split_batch(options: Options, training: bool, args: tuple, kwargs: dict) -> 
     if not training:
         options.combined_batch_factor(False)  # refuses gradient accumulation for inference
     n = options.device_iterations
-    factor = n * accumulation * replicas
+    groups = replica_groups(options)
+    slices = len(set(groups))
+    factor = n * accumulation * slices
     register_subclasses((args, kwargs))  # custom argument types (ICustomArgParser) open like tuples
     leaves, spec = pytree.tree_flatten((args, kwargs))
     micro_leaves: list[Any] = []
@@ -128,13 +167,21 @@ def split_batch(options: Options, training: bool, args: tuple, kwargs: dict) -> 
         micro = leaf.shape[0] // factor
         rest = tuple(leaf.shape[1:])
         micro_leaves.append(MicroBatch((micro, *rest), leaf.dtype))
-        data = leaf.detach()
-        if replicas > 1 and accumulation > 1:  # [n, G, R, m] -> [n, R, G, m]
-            data = data.reshape(n, accumulation, replicas, micro, *rest).transpose(1, 2)
-        host_shape = tuple(d for d in (n, replicas) if d > 1) + (accumulation * micro, *rest)
-        stacked.append(data.reshape(host_shape))
+        stacked.append(_stream_data(leaf.detach(), n, accumulation, groups, micro))
         tensors.append(leaf)
     return SplitBatch((tuple(micro_leaves), spec), stacked, tensors)
+
+
+def _stream_data(data: torch.Tensor, n: int, accumulation: int, groups: list[int], micro: int) -> torch.Tensor:
+    """One input's combined batch ``[n, G, slices, m, ...]`` as its stream takes it:
+    ``(n, R, G x m, ...)`` (dims of 1 dropped), replica r getting slice ``groups[r]``."""
+    replicas, slices, rest = len(groups), len(set(groups)), tuple(data.shape[1:])
+    if slices != replicas or (replicas > 1 and accumulation > 1):  # [n, G, S, m] -> [n, S, G, m]
+        data = data.reshape(n, accumulation, slices, micro, *rest).transpose(1, 2)
+        if slices != replicas:  # each replica takes its group's slice
+            data = data[:, groups]
+    host_shape = tuple(d for d in (n, replicas) if d > 1) + (accumulation * micro, *rest)
+    return data.reshape(host_shape)
 
 
 def _batch_size_error(options: Options, training: bool, leaf: torch.Tensor, factor: int,
@@ -162,7 +209,10 @@ def _factors(options: Options, training: bool, replicas: int) -> str:
     if training:
         parts.append(f"gradientAccumulation {options.gradient_accumulation}")
     processes = options.Distributed.numProcesses
-    if processes > 1:
+    if options.input_group_size > 1:
+        parts.append(f"(replicationFactor {options.replication_factor} / inputReplicaGrouping size "
+                     f"{options.input_group_size})")
+    elif processes > 1:
         parts.append(f"replicationFactor {options.replication_factor} / {processes} processes "
                      f"(= {replicas} replicas in this process)")
     else:
@@ -211,10 +261,12 @@ def update_inputs(options: Options, program: Program, results: Results, tensors:
     """Write the new values of inputs that ``forward`` changed in place into the caller's
     tensors, every micro-batch in its place of the combined batch (as eager ``forward``
     on each micro-batch's slice would)."""
+    groups = replica_groups(options)
+    first = [groups.index(g) for g in sorted(set(groups))]  # one replica per input group
     for index, streams in program.input_updates:
         target = tensors[index]
         with torch.no_grad():
-            target.copy_(_per_micro_batch(options, results, streams).reshape(target.shape))
+            target.copy_(_per_micro_batch(options, results, streams)[:, :, first].reshape(target.shape))
 
 
 def reduce_outputs(per_step: list[torch.Tensor], mode: OutputMode, period: int) -> list[torch.Tensor]:

@@ -22,6 +22,7 @@ import torch
 import torch.fx as fx
 
 from ipuxl.capture.to_ir import graph_from_trace
+from ipuxl.capture.mode import Precision
 from ipuxl.capture.trace import TracedModule, trace_module
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.ir import Ir
@@ -29,6 +30,7 @@ from ipuxl.ir.tensor import Tensor
 from ipuxl.passes.outline import outline_ir
 from ipuxl.poptorch_compat.enums import ReductionType
 from ipuxl.poptorch_compat.options import Options
+from ipuxl.poptorch_compat.precision import precision_rules
 from ipuxl.poptorch_compat.program import Gradients, Program, StartValues, build_program
 from ipuxl.poptorch_compat.translate import ParamPlan
 from ipuxl.transforms import autodiff
@@ -49,7 +51,8 @@ def compile_model(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], *
     Raises:
         TraceError: the module cannot be captured (see ``capture.trace.trace_module``).
     """
-    traced = capture(model, args, kwargs, training=training, outline=options.auto_outline)
+    traced = capture(model, args, kwargs, training=training, outline=options.auto_outline,
+                     precision=precision_rules(options))
     forward = import_forward(traced, options)
     gradients = differentiate(traced, forward, plans) if training else None
     program = build_program(forward.ir, traced, forward, gradients, start=start, plans=plans,
@@ -67,9 +70,11 @@ def gradient_reduction(options: Options) -> str:
 
 
 def capture(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], *, training: bool,
-            outline: bool) -> TracedModule:
-    """Step 1: the fx trace of one call (a training trace must return a loss)."""
-    return trace_module(model, args, kwargs, training=training, need_loss=training, outline=outline)
+            outline: bool, precision: Precision = Precision()) -> TracedModule:
+    """Step 1: the fx trace of one call (a training trace must return a loss), under
+    ``Options.Precision``'s float16 rules (``precision``)."""
+    return trace_module(model, args, kwargs, training=training, need_loss=training, outline=outline,
+                        precision=precision)
 
 
 def import_forward(traced: TracedModule, options: Options) -> Graph:

@@ -41,10 +41,11 @@ from ipuxl.capture.dropout import seed_words
 from ipuxl.device.session import Session, device_for
 from ipuxl.dtypes import to_numpy_dtype
 from ipuxl.errors import (
-    AlreadyWrappedError, DetachedError, DeviceError, ExecutorError, InvalidArgumentError, InvalidValueError,
-    StreamInputError, TraceError, UnsupportedError,
+    AlreadyWrappedError, AnchorError, DetachedError, DeviceError, ExecutorError, InvalidArgumentError,
+    InvalidValueError, StreamInputError, TraceError, UnsupportedError,
 )
 from ipuxl.ir.context import user_source_line
+from ipuxl.poptorch_compat.anchors import anchorable_names, gather_anchors, parameter_paths, plan_anchors
 from ipuxl.poptorch_compat.batching import (
     MicroBatch, describe, example_call, gather_outputs, replicas_here, split_batch, update_inputs,
 )
@@ -54,7 +55,8 @@ from ipuxl.poptorch_compat.executable_file import example_inputs, input_specs, r
 from ipuxl.poptorch_compat.options import Options
 from ipuxl.poptorch_compat.perf import CallTimes, latency, perf_counters
 from ipuxl.poptorch_compat.program import StartValues, optimizer_structure, per_replica_seeds
-from ipuxl.poptorch_compat.translate import ParamPlan, translate
+from ipuxl.poptorch_compat.translate import AttributeChecks, ParamPlan, translate
+from ipuxl.poptorch_compat.connection import attaches, refuse_offline
 from ipuxl.poptorch_compat.weight_sync import Compiled, WeightSync
 from ipuxl.poptorch_compat.weights import HostSlots, named_tensors, to_numpy
 
@@ -133,6 +135,7 @@ class PoplarExecutor:
         self.training = training
         self._names = {p: n for n, p in torch.nn.Module.named_parameters(self._model)}
         plans = translate(optimizer, self._names) if training and optimizer is not None else []
+        self._attribute_checks = AttributeChecks(self.options.relax_optimizer_attributes_checks, optimizer)
         self._key: tuple | None = None  # the compile key: the micro-batch call (``batching.split_batch``)
         self._destroyed = False
         self.compile_count = 0
@@ -140,6 +143,7 @@ class PoplarExecutor:
         self._seed_dirty = False  # rng_state set while detached: written on attach
         self._times: CallTimes | None = None  # the last call's timestamps (getPerfCounters)
         self._example: Any = None  # the compiled call's input specs (save)
+        self._anchored: dict[str, torch.Tensor] = {}  # the last call's anchored tensors (getAnchoredTensor)
         self._sync = WeightSync(self._model, training=training, optimizer=optimizer, plans=plans)
         _LIVE.add(self)
 
@@ -151,6 +155,7 @@ class PoplarExecutor:
     # -- calling ------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self._require_usable("call the model")
+        refuse_offline(self.options, self._kind, "run")
         started = time.perf_counter()
         batch = split_batch(self.options, self.training, args, kwargs)
         self._ensure_program(batch.micro, (args, kwargs))
@@ -171,6 +176,8 @@ class PoplarExecutor:
         self._sync.after_run(self.options.device_iterations)
         update_inputs(self.options, program, results, batch.tensors)
         outputs = gather_outputs(self.options, self.training, program, results)
+        if program.anchors is not None:
+            self._anchored = gather_anchors(program.anchors, self.options, results)
         self._times = CallTimes(started, staged, ran, time.perf_counter(), len(program.inputs),
                                 len(program.outputs), self.options.device_iterations)
         return outputs
@@ -252,6 +259,8 @@ class PoplarExecutor:
             run_post_compile_hooks()
         self.options.freeze()
         sync.use(Compiled(program, session, slots))
+        if not attaches(self.options):  # ConnectionType.Never: compiled, never attached
+            sync.close_session()
         self._key, self._seed = key, start.seed
         self.compile_count += 1
 
@@ -268,7 +277,9 @@ class PoplarExecutor:
             seed = None
         sync.pull_shared()
         weights = {n: to_numpy(t) for n, t in named_tensors(self._model)}
-        return StartValues(weights, states, self._seed if seed is None else seed)
+        anchors = plan_anchors(self.options, self.training, list(self._names.values()),
+                               wrapped=self._model is not self._user_model)
+        return StartValues(weights, states, self._seed if seed is None else seed, anchors)
 
     def _trainable_plans(self) -> list[ParamPlan]:
         """Plans of the parameters that take gradients (torch.optim skips the others)."""
@@ -337,6 +348,7 @@ class PoplarExecutor:
             raise InvalidArgumentError("setOptimizer on an inference model", where=user_source_line(),
                                        fix="only training models have an optimizer")
         plans = translate(optimizer, self._names)
+        self._attribute_checks.check(optimizer)
         self._sync.set_optimizer(optimizer)
         self._apply_plans(plans)
 
@@ -383,6 +395,7 @@ class PoplarExecutor:
     def attachToDevice(self) -> None:  # noqa: N802
         """Attach again after ``detachFromDevice``; the host weights are copied to the device."""
         self._require_usable("attach")
+        refuse_offline(self.options, self._kind, "attach")
         if self._sync.compiled is None:
             raise DetachedError(f"the {self._kind} model has not been compiled yet", where=user_source_line(),
                                 fix="call the model (or model.compile(...)) first")
@@ -440,12 +453,34 @@ class PoplarExecutor:
                             fix="time calls with getPerfCounters() or getLatency() instead")
 
     def getTensorNames(self) -> list[str]:  # noqa: N802
-        """The names of the compiled program's tensors (ipuxl's names): its host streams,
-        then every tensor of every graph (variables, constants, op results) in program order."""
+        """The names of the compiled program's tensors: first the PopART names
+        ``Options.anchorTensor`` accepts (``anchors``), then ipuxl's: its host streams and
+        every tensor of every graph (variables, constants, op results) in program order."""
         compiled = self._compiled_for("getTensorNames")
-        ir = compiled.program.ir
-        names = [stream.name for stream in ir.streams] + [t.name for g in ir.graphs for t in g.tensors]
+        program = compiled.program
+        paths = parameter_paths(list(self._names.values()), wrapped=self._model is not self._user_model)
+        names = anchorable_names(paths, program.trained, self.training)
+        names += [stream.name for stream in program.ir.streams] + [t.name for g in program.ir.graphs for t in g.tensors]
         return list(dict.fromkeys(names))
+
+    def getAnchoredTensor(self, short_name: str) -> torch.Tensor:  # noqa: N802
+        """The value of the tensor anchored as ``short_name`` (``Options.anchorTensor``) in
+        the last call, reduced per its output mode (see ``anchors``).
+
+        Raises:
+            AnchorError: ``short_name`` is not anchored, or the model has not run yet.
+        """
+        if short_name in self._anchored:
+            return self._anchored[short_name]
+        anchored = list(self.options.anchored_tensors)
+        if short_name in anchored:
+            raise AnchorError(f"getAnchoredTensor({short_name!r}): no tensor with name {short_name!r} found: the "
+                              f"{self._kind} model has not run yet", where=user_source_line(),
+                              fix="call the model first: anchored tensors are returned by each call")
+        raise AnchorError(f"getAnchoredTensor({short_name!r}): no tensor with name {short_name!r} found; anchored: "
+                          f"{', '.join(map(repr, anchored)) or 'none'}", where=user_source_line(),
+                          fix=f"anchor it before the first call: opts.anchorTensor({short_name!r}, "
+                              "'Gradient___<param>'), or use one of the anchored names")
 
     @property
     def rng_state(self) -> list[int]:

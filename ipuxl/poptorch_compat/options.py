@@ -242,7 +242,8 @@ class Options(OptionGroup):
     def inputReplicaGrouping(self, input_group_size: int, input_group_type: CommGroupType) -> Options:  # noqa: N802
         """Replicas in one group of ``input_group_size`` get the same input batch
         (``CommGroupType.Consecutive`` or ``Orthogonal`` groups; ``NoGrouping`` means each
-        replica its own). Recorded for the compile path (:attr:`input_group_size`)."""
+        replica its own): the combined batch then holds ``replicationFactor / input_group_size``
+        slices per step (``batching.replica_groups``)."""
         self._check_not_frozen("inputReplicaGrouping")
         size = check_positive_int(input_group_size, method="Options.inputReplicaGrouping", arg="input_group_size",
                                   example="opts.inputReplicaGrouping(2, poptorch.CommGroupType.Consecutive)")
@@ -373,8 +374,9 @@ class Options(OptionGroup):
         return self
 
     def connectionType(self, connection_type: ConnectionType) -> Options:  # noqa: N802
-        """When to attach to the device (:class:`~ipuxl.poptorch_compat.enums.ConnectionType`);
-        recorded as :attr:`connection_type`."""
+        """When to attach to the device (:class:`~ipuxl.poptorch_compat.enums.ConnectionType`):
+        with ``Never`` the model compiles but never attaches, and running it raises
+        (``poptorch_compat.connection``)."""
         self._check_not_frozen("connectionType")
         value = check_enum(connection_type, ConnectionType, method="Options.connectionType", arg="connection_type")
         self._set("connectionType", connection_type=value)

@@ -30,10 +30,17 @@ replicas (``ops.collectives.replicated_all_reduce`` with op "mean") before the
 optimiser update, so all replicas apply the same update and their weights stay
 equal. Each replica draws its own random numbers: the seed variable holds one
 seed per replica (replica 0's is the seed a single replica would use).
+
+A float16 running statistic traced in float32 (``runningStatisticsAlwaysFloat``:
+``poptorch_compat.precision``) has a float32 variable the forward reads and updates
+(``Program.float_statistics``); its float16 buffer variable, which the host module
+shows, gets each update rounded to float16, and a host write to it (a value the
+float32 copy does not round to) is adopted at the next step.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -48,13 +55,16 @@ from ipuxl.ir.graph_builder import constant, graph_input, variable
 from ipuxl.ir.ir import Ir
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream, d2h_stream, h2d_stream
 from ipuxl.ir.tensor import Tensor, Variable
-from ipuxl.ops import host_load, host_store
+from ipuxl.ops import cast, equal, host_load, host_store, where
 from ipuxl.ops.call import call, call_with_info, repeat
 from ipuxl.ops.collectives import replicated_all_reduce
 from ipuxl.ops.random import split_random_seed
 from ipuxl.ops.var_updates import copy_var_update_
 from ipuxl.optim.rules import RULES, clip_grad_norm, state_specs
 from ipuxl.poptorch_compat.translate import ParamPlan
+
+if TYPE_CHECKING:
+    from ipuxl.poptorch_compat.anchors import AnchorPlan, AnchorStreams
 
 __all__ = ["Program", "Gradients", "StartValues", "build_program", "optimizer_structure", "per_replica_seeds"]
 
@@ -82,11 +92,13 @@ class StartValues:
         states: optimiser state, ``{(param, state): array}``; missing states start at zero.
         seed: the seed variable's value (shape (2,), or (R, 2): one seed per replica),
             used when the module draws random numbers (dropout).
+        anchors: the tensors the program also returns (``Options.anchorTensor``; ``anchors``).
     """
 
     weights: dict[str, np.ndarray]
     states: dict[tuple[str, str], np.ndarray]
     seed: np.ndarray
+    anchors: AnchorPlan | None = None
 
 
 @dataclass
@@ -107,9 +119,13 @@ class Program:
     seed: Variable | None = None
     # the call's tensor inputs written in place: (input position, [stream per micro-batch g])
     input_updates: list[tuple[int, list[DeviceToHostStream]]] = field(default_factory=list)
+    # float32 copies of float16 running statistics (``Options.Precision.runningStatisticsAlwaysFloat``)
+    float_statistics: dict[str, Variable] = field(default_factory=dict)
     # how the micro-batches' and replicas' gradients combine: "mean" (default) or "sum"
     # (``Options.Training.accumulationAndReplicationReductionType(ReductionType.Sum)``)
     reduction: str = "mean"
+    # the anchored tensors' streams (``Options.anchorTensor``), None without anchors
+    anchors: AnchorStreams | None = None
 
     @property
     def writes_variables(self) -> bool:
@@ -144,6 +160,7 @@ def build_program(ir: Ir, traced: TracedModule, forward: Graph, gradients: Gradi
         _add_variables(program, forward, start)
         _add_optimizer_variables(program, trained, start.states)
         _add_streams(program)
+        _add_anchor_streams(program, start.anchors)
         variables = _all_variables(program)
         step = ir.new_subgraph("device_step")
         with step:
@@ -158,28 +175,45 @@ def build_program(ir: Ir, traced: TracedModule, forward: Graph, gradients: Gradi
 
 def _all_variables(program: Program) -> list[Variable]:
     """Every variable of the program, in a fixed order (the step graph's inputs)."""
-    found = [*program.params.values(), *program.buffers.values(), *program.learning_rates.values(),
+    found = [*program.params.values(), *program.buffers.values(), *program.float_statistics.values(),
+             *program.learning_rates.values(),
              *program.states.values()]
     return found + ([program.seed] if program.seed is not None else [])
+
+
+def _add_anchor_streams(program: Program, plan: AnchorPlan | None) -> None:
+    """A stream per anchored tensor (``anchors``; fails on a name the program lacks)."""
+    if plan is not None:
+        program.anchors = plan.build_streams(program.params, program.trained, training=program.training,
+                                             micro_batches=program.micro_batches)
 
 
 def _build_step(program: Program, forward: Graph, gradients: Gradients | None, plans: list[ParamPlan],
                 inputs: dict[Variable, Tensor]) -> None:
     """One device iteration, in the step graph (``inputs``: each variable's input there)."""
-    micro_batches = program.micro_batches
+    micro_batches, anchors = program.micro_batches, program.anchors
+    _adopt_host_statistics(program, inputs)
+    if anchors:
+        anchors.store_weights(program.params, inputs)
     loaded = [host_load(stream, name) for stream, name in zip(program.inputs, program.traced.input_names)]
     seeds = _step_seeds(inputs[program.seed] if program.seed is not None else None, micro_batches)
     loss_grad = _loss_gradient(forward, program.traced, plans) if gradients else None
     grad_sums: list[Tensor] = []
     for g in range(micro_batches):
         grads = _micro_batch(program, forward, gradients, loaded, seeds[g], g, loss_grad, inputs)
+        if anchors and gradients:
+            anchors.store_gradients(g, dict(zip(gradients.trained, grads)))
         grad_sums = list(grads) if g == 0 else [a + b for a, b in zip(grad_sums, grads)]
     if gradients and gradients.trained:
         if program.ir.replication_factor > 1:
             # Data parallelism: every replica applies the mean (or sum) of all replicas' gradients.
             grad_sums = [replicated_all_reduce(g, op="add" if program.reduction == "sum" else "mean") for g in grad_sums]
         divisor = micro_batches if program.reduction == "mean" else 1
+        if anchors:
+            anchors.store_accumulated(dict(zip(gradients.trained, grad_sums)), divisor, plans)
         _apply_optimizer(program, plans, dict(zip(gradients.trained, grad_sums)), divisor, inputs)
+        if anchors:
+            anchors.store_updated(program.params, inputs)
 
 
 def _add_variables(program: Program, forward: Graph, start: StartValues) -> None:
@@ -189,9 +223,21 @@ def _add_variables(program: Program, forward: Graph, start: StartValues) -> None
     params = set(traced.params)
     for name, forward_input in zip(traced.params + traced.buffers, forward.inputs[n_in:n_in + n_state]):
         held = program.params if name in params else program.buffers
-        held[name] = variable(start.weights[name], forward_input.spec.dtype, name=name, downcast=False)
+        dtype, value = forward_input.spec.dtype, start.weights[name]
+        if value.dtype == np.float16 and dtype == torch.float32:  # runningStatisticsAlwaysFloat
+            program.float_statistics[name] = variable(value.astype(np.float32), dtype, name=f"{name}.float32")
+            dtype = torch.float16
+        held[name] = variable(value, dtype, name=name, downcast=False)
     if traced.uses_seed:
         program.seed = _seed_variable(program.ir, start.seed)
+
+
+def _adopt_host_statistics(program: Program, inputs: dict[Variable, Tensor]) -> None:
+    """Each float32 running statistic takes its float16 buffer's value where the two
+    differ by more than rounding: the host wrote the buffer (``load_state_dict``...)."""
+    for name, precise in program.float_statistics.items():
+        shown, kept = inputs[program.buffers[name]], inputs[precise]
+        copy_var_update_(kept, where(equal(cast(kept, torch.float16), shown), kept, cast(shown, torch.float32)))
 
 
 def _add_streams(program: Program) -> None:
@@ -226,7 +272,8 @@ def _micro_batch(program: Program, forward: Graph, gradients: Gradients | None, 
     and store the outputs. Returns the gradients of the trained parameters."""
     traced, count = program.traced, program.micro_batches
     xs = [x if count == 1 else x[g * s.shape[0]:(g + 1) * s.shape[0]] for x, s in zip(loaded, traced.input_specs)]
-    args = xs + [inputs[program.params[n]] for n in traced.params] + [inputs[program.buffers[n]] for n in traced.buffers]
+    buffers = [program.float_statistics.get(n, program.buffers[n]) for n in traced.buffers]
+    args = xs + [inputs[program.params[n]] for n in traced.params] + [inputs[v] for v in buffers]
     args += [seed] if seed is not None else []
     info = call_with_info(forward, *args)
     outs = info.outputs
@@ -235,7 +282,11 @@ def _micro_batch(program: Program, forward: Graph, gradients: Gradients | None, 
         grads = call(gradients.info.graph, loss_grad, inputs_dict=gradients.info.inputs_dict(info))
     for k, name in enumerate(traced.mutated):  # buffers updated in forward persist, as in eager
         target = program.params[name] if name in program.params else program.buffers[name]
-        copy_var_update_(inputs[target], outs[traced.n_outputs + k])
+        new = outs[traced.n_outputs + k]
+        if name in program.float_statistics:  # the float32 copy, and the float16 buffer the host shows
+            copy_var_update_(inputs[program.float_statistics[name]], new)
+            new = cast(new, torch.float16)
+        copy_var_update_(inputs[target], new)
     for j in range(traced.n_outputs):
         host_store(program.outputs[j][g], outs[j])
     first_update = traced.n_outputs + len(traced.mutated)

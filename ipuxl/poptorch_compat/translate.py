@@ -16,11 +16,17 @@ SGD's ``step`` (the rules' first-step flag, needed with a non-zero dampening) ha
 torch counterpart: it is 1 when torch holds a momentum buffer, else 0.
 
 The compiler applies ``loss_scaling`` by using ``grad / loss_scaling`` as the gradient.
+
+``AttributeChecks`` is PopTorch's check of the optimiser's attributes in
+``setOptimizer``: attributes the first optimiser did not have are reported once each
+(logger ``poptorch::python``), as warnings, or at debug level under
+``Options.relaxOptimizerAttributesChecks()``.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -34,7 +40,9 @@ from ipuxl.poptorch_compat.optim import (
     unwrapped_step,
 )
 
-__all__ = ["ParamPlan", "translate", "initial_state", "write_state", "SUPPORTED"]
+__all__ = ["ParamPlan", "translate", "initial_state", "write_state", "SUPPORTED", "AttributeChecks"]
+
+_LOG = logging.getLogger("poptorch::python")
 
 # supported optimiser class -> rule (the most derived match wins; see _rule_of)
 SUPPORTED: dict[type, str] = {
@@ -322,3 +330,60 @@ def _set_step(st: dict[str, Any], value: float) -> None:
         old.fill_(value)
     else:
         st["step"] = torch.tensor(value, dtype=scalar_dtype())
+
+
+# attributes of torch's Optimizer base class, never reported (as upstream)
+_BASE_ATTRIBUTES = frozenset({"defaults", "state", "param_groups", "variable_attrs"})
+
+
+class AttributeChecks:
+    """PopTorch's checks of the optimiser attributes given to ``setOptimizer``.
+
+    The first optimiser's attributes are the expected ones: its own (``__dict__``
+    without the base class's), the keys of ``defaults`` and of each param group
+    (``params`` aside). A later optimiser's attributes outside them are reported once
+    per message, ``"Ignoring unexpected <kind> in <TYPE> optimizer: [names]"``, as a
+    warning, or at debug level when ``relax`` (``relaxOptimizerAttributesChecks``).
+    """
+
+    def __init__(self, relax: bool, optimizer: torch.optim.Optimizer | None = None):
+        self._log: Callable[..., None] = _LOG.debug if relax else _LOG.warning
+        self._group: list[str] = []
+        self._optimizer: list[str] = []
+        self._printed: set[str] = set()
+        self._recording = True
+        if optimizer is not None:
+            self.check(optimizer)
+
+    def check(self, optimizer: torch.optim.Optimizer) -> None:
+        """Record (first call) or check (later calls) ``optimizer``'s attributes."""
+        kind = _upstream_type(optimizer)
+        self._compare(self._group, list(optimizer.defaults), "default group variable", kind)
+        self._compare(self._optimizer, [k for k in vars(optimizer) if k not in _BASE_ATTRIBUTES],
+                      "optimizer attribute", kind)
+        for index, group in enumerate(optimizer.param_groups):
+            self._compare(self._group, [k for k in group if k != "params"], f"group {index} attribute", kind)
+        self._recording = False
+
+    def _compare(self, expected: list[str], provided: list[str], what: str, kind: str) -> None:
+        extra = [name for name in provided if name not in expected]
+        if self._recording:
+            expected += extra
+        elif extra:
+            message = f"Ignoring unexpected {what} in {kind} optimizer: {extra}"
+            if message not in self._printed:
+                self._printed.add(message)
+                self._log(message)
+
+
+def _upstream_type(optimizer: Any) -> str:
+    """PopTorch's name of the optimiser's type in its messages (``SGD2``, ``ADAMW``...)."""
+    group = optimizer.param_groups[0] if optimizer.param_groups else {}
+    if isinstance(optimizer, torch.optim.SGD):
+        return "SGD1" if getattr(optimizer, "use_combined_accum", False) else "SGD2"
+    if isinstance(optimizer, torch.optim.RMSprop):
+        return "RMSPROP_CENTERED" if group.get("centered") else "RMSPROP"
+    if isinstance(optimizer, (torch.optim.AdamW, poptorch_optim.LAMB)):
+        base = "ADAMW" if isinstance(optimizer, torch.optim.AdamW) else "LAMB"
+        return base if getattr(optimizer, "bias_correction", True) else f"{base}_NO_BIAS"
+    return "ADAM" if isinstance(optimizer, torch.optim.Adam) else type(optimizer).__name__.upper()

@@ -312,8 +312,6 @@ def test_beta_rsample_gradients_flow_to_both_concentrations_as_in_eager():
     _check_trained_as_eager(BetaReparameterised(), seed=8)
 
 
-@pytest.mark.xfail(strict=True, reason="capture: an in-place op on a detached alias (Gamma.rsample's "
-                                       "value.detach().clamp_()) cuts the gradient path (reported)")
 def test_gamma_rsample_gradient_flows_to_the_concentration_as_in_eager():
     _check_trained_as_eager(GammaReparameterised(), seed=7)
 
