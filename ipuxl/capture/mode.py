@@ -32,8 +32,9 @@ from ipuxl.capture.dropout import DropoutMode
 from ipuxl.capture.failures import eager_error
 from ipuxl.capture.grad_mode import NOT_HANDLED, GradTracker, is_inplace
 from ipuxl.capture.reductions import NOT_PROD, static_prod
-from ipuxl.errors import IpuxlError, OpArgumentError
+from ipuxl.errors import IpuxlError, OpArgumentError, TraceError
 from ipuxl.ir.context import user_source_line
+from ipuxl.kernels.checks import one_hot as checked_one_hot
 
 __all__ = ["CaptureMode", "Precision", "capturing", "active_mode", "identity_loss", "find_loss"]
 
@@ -135,11 +136,25 @@ class CaptureMode(DropoutMode):
             raise eager from exc
 
     def call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
-        """``func(*args, **kwargs)`` with dropouts seeded; a loss function's result is recorded."""
+        """``func(*args, **kwargs)`` with dropouts seeded; a loss function's result is recorded.
+        ``F.one_hot`` with a known class count keeps its range check at run time
+        (``kernels.checks``): traced as is, an out-of-range class would give a zero row."""
+        if func is F.one_hot:
+            if not _known_classes(args, kwargs):
+                raise TraceError("F.one_hot without num_classes: its output shape depends on the largest index "
+                                 "(a tensor value), and every shape must be known when the program is compiled",
+                                 where=user_source_line(), fix="pass num_classes, e.g. F.one_hot(labels, 10)")
+            return checked_one_hot(*args, **kwargs)
         out = super().call(func, args, kwargs)
         if func in _LOSS_FUNCTIONS:
             self.losses.append(out)
         return out
+
+
+def _known_classes(args: tuple, kwargs: dict) -> bool:
+    """Whether a ``F.one_hot`` call gives its class count (not -1: inferred from values)."""
+    n = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+    return isinstance(args[0] if args else kwargs.get("tensor"), torch.Tensor) and isinstance(n, int) and n >= 0
 
 
 @contextlib.contextmanager
