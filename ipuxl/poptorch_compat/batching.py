@@ -253,8 +253,14 @@ def gather_outputs(options: Options, training: bool, program: Program, results: 
         seq = _per_micro_batch(options, results, streams)
         per_output.append(seq.reshape(n * len(streams), seq.shape[2], *streams[0].shape))
     mode = options.resolved_output_mode(training)
-    flat = reduce_outputs(per_output, mode, options.output_return_period)
+    flat = [device_dtype(t) for t in reduce_outputs(per_output, mode, options.output_return_period)]
     return pytree.tree_unflatten(flat, program.traced.out_spec)
+
+
+def device_dtype(output: torch.Tensor) -> torch.Tensor:
+    """``output`` as PopTorch returns it: the IPU has no 64-bit integers, so an int64
+    result comes back int32 (as upstream, e.g. ``torch.sum`` of a bool tensor)."""
+    return output.to(torch.int32) if output.dtype == torch.int64 else output
 
 
 def update_inputs(options: Options, program: Program, results: Results, tensors: list[torch.Tensor]) -> None:

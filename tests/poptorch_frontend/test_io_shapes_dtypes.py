@@ -13,6 +13,7 @@ from torch.testing import assert_close
 from ipuxl.errors import BatchSizeError
 from ipuxl.poptorch_compat.executor import inferenceModel, trainingModel
 from ipuxl.poptorch_compat.options import Options, OutputMode
+from tests.poptorch_frontend._checks import as_poptorch
 from tests.poptorch_frontend._checks import raises_in
 
 raises = raises_in(__file__)
@@ -173,6 +174,7 @@ def test_inputs_and_outputs_keep_torch_dtypes(int_dtype, float_dtype):
     x = torch.randn(2, 3).to(float_dtype)
     outs = inferenceModel(Mixed())(mask, ids, x)
     for out, ref in zip(outs, Mixed()(mask, ids, x)):
+        ref = as_poptorch(ref)  # int64 comes back int32, as from PopTorch
         assert out.dtype == ref.dtype and out.shape == ref.shape
         assert_close(out, ref)
 
@@ -221,3 +223,17 @@ def test_half_model_trains_as_eager_half():
     training.copyWeightsToHost()
     assert model.fc.weight.dtype == torch.float16
     assert_close(model.fc.weight.detach(), eager.fc.weight.detach(), rtol=1e-2, atol=1e-2)
+
+
+def test_int64_results_come_back_int32_as_from_poptorch():
+    """Upstream's bool_support test: ``torch.sum(x == y)`` is int64 in torch, int32 from PopTorch."""
+    class CountEqual(nn.Module):
+        def forward(self, x, y):
+            return torch.sum(x == y), torch.argmax(x, -1)
+
+    x, y = torch.tensor([[1.0, 2.0, 3.1]]), torch.tensor([[1.0, 2.0, 3.0]])
+    count, index = inferenceModel(CountEqual())(x, y)
+    eager_count, eager_index = CountEqual()(x, y)
+    assert eager_count.dtype == torch.int64 and count.dtype == torch.int32 and index.dtype == torch.int32
+    assert_close(count, eager_count.to(torch.int32))
+    assert_close(index, eager_index.to(torch.int32))

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import ipuxl.poptorch_compat as poptorch
 from ipuxl.errors import DeviceError, OpArgumentError, OpContextError, PoptorchError
 from ipuxl.poptorch_compat import ops as poptorch_ops
+from tests.poptorch_frontend._checks import as_poptorch
 from tests.poptorch_frontend._checks import raises_in
 
 raises = raises_in(__file__)
@@ -604,7 +605,7 @@ def test_nearest_finds_the_closest_point_of_the_same_sample(as_list):
     args = (batch_x.tolist(), batch_y.tolist()) if as_list else (batch_x, batch_y)
     got = poptorch.inferenceModel(Wrap(lambda m, a, b: poptorch.nearest(a, b, *args)))(x, y)
     distance = torch.cdist(x, y) + (batch_x[:, None] != batch_y[None, :]) * 1e9
-    torch.testing.assert_close(got, distance.argmin(1))
+    torch.testing.assert_close(got, as_poptorch(distance.argmin(1)))
     torch.testing.assert_close(poptorch.nearest(x, y), torch.cdist(x, y).argmin(1))
 
 
