@@ -22,8 +22,7 @@ only builds graphs, ``import ipuxl.ops`` included, does not pay for them.
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ipuxl import dtypes, errors, ops
 from ipuxl.dtypes import (
@@ -40,6 +39,7 @@ from ipuxl.ir import (
 from ipuxl.ir.context import replica_grouping
 from ipuxl.ir.graph_builder import Module, constant, graph_input, variable
 from ipuxl.ops.random import create_seeds
+from ipuxl.lazy import lazy_names
 
 if TYPE_CHECKING:  # what the lazily loaded names are, for type checkers and readers
     from ipuxl import optim, transforms
@@ -68,18 +68,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'ipuxl' has no attribute '{name}'")
-    module_name, attribute = _LAZY[name]
-    module = importlib.import_module(module_name)
-    value = module if attribute is None else getattr(module, attribute)
-    globals()[name] = value  # loaded once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names("ipuxl", globals(), _LAZY)
 
 
 __all__ = [

@@ -19,8 +19,9 @@ capture into the IR (``ipuxl.capture``), ``transforms.autodiff``, the
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ipuxl.lazy import lazy_names
 
 if TYPE_CHECKING:
     from ipuxl.capture.dropout import DropoutReplay
@@ -117,18 +118,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'ipuxl.poptorch_compat' (PopTorch) has no attribute '{name}'")
-    module_name, attribute = _LAZY[name]
-    module = importlib.import_module(module_name)
-    value = module if attribute is None else getattr(module, attribute)
-    globals()[name] = value  # loaded once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names("ipuxl.poptorch_compat", globals(), _LAZY, "PopTorch")
 
 
 __all__ = sorted(_LAZY)
