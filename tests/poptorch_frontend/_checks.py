@@ -34,3 +34,26 @@ def as_poptorch(expected):
     import torch
 
     return expected.to(torch.int32) if expected.dtype == torch.int64 else expected
+
+
+def sgd_steps_like_eager(model, inputs: tuple, steps: int, lr: float, tol: dict):
+    """``steps`` SGD steps of ``model`` through ``trainingModel`` and of a deep copy eagerly;
+    every step's outputs and loss must match eager's. Returns ``(training model, eager copy)``."""
+    import copy
+
+    import torch
+
+    import ipuxl.poptorch_compat as poptorch
+
+    ref = copy.deepcopy(model)
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=lr))
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=lr)
+    for _ in range(steps):
+        out, loss = training(*inputs)
+        ref_opt.zero_grad()
+        ref_out, ref_loss = ref(*inputs)
+        ref_loss.backward()
+        ref_opt.step()
+        torch.testing.assert_close(out, ref_out.detach(), **tol)
+        torch.testing.assert_close(loss, ref_loss.detach(), **tol)
+    return training, ref

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import ipuxl
 import ipuxl.ops as ops
 from ipuxl.errors import TraceError
-from tests.poptorch_frontend._checks import as_poptorch
+from tests.poptorch_frontend._checks import as_poptorch, sgd_steps_like_eager
 from tests.poptorch_frontend._checks import raises_in
 
 raises = raises_in(__file__)
@@ -32,17 +32,7 @@ def scalar_like(out: torch.Tensor, eager: torch.Tensor) -> torch.Tensor:
 def train_side_by_side(model: nn.Module, *inputs: torch.Tensor, steps: int = 3, lr: float = 0.1, **tol) -> nn.Module:
     """``steps`` SGD steps through trainingModel and eagerly; outputs, losses and final
     weights must match. Returns the eager copy."""
-    ref = copy.deepcopy(model)
-    training = ipuxl.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=lr))
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=lr)
-    for _ in range(steps):
-        out, loss = training(*inputs)
-        ref_opt.zero_grad()
-        ref_out, ref_loss = ref(*inputs)
-        ref_loss.backward()
-        ref_opt.step()
-        torch.testing.assert_close(out, ref_out.detach(), **(tol or TOL))
-        torch.testing.assert_close(scalar_like(loss, ref_loss), ref_loss.detach(), **(tol or TOL))
+    training, ref = sgd_steps_like_eager(model, inputs, steps, lr, tol or TOL)
     training.copyWeightsToHost()
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.detach(), q.detach(), msg=lambda m, n=name: f"{n}: {m}", **(tol or TOL))

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import ipuxl.poptorch_compat as poptorch
 from ipuxl.errors import DeviceError, OpArgumentError, OpContextError, PoptorchError
 from ipuxl.poptorch_compat import ops as poptorch_ops
-from tests.poptorch_frontend._checks import as_poptorch
+from tests.poptorch_frontend._checks import as_poptorch, sgd_steps_like_eager
 from tests.poptorch_frontend._checks import raises_in
 
 raises = raises_in(__file__)
@@ -25,17 +25,7 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 def train_both(model: nn.Module, inputs: tuple, steps: int = 3, lr: float = 0.1) -> tuple[nn.Module, nn.Module]:
     """``steps`` SGD steps of ``model`` on the device and of a copy eagerly; returns (device, eager).
     Outputs of every step are compared."""
-    ref = copy.deepcopy(model)
-    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=lr))
-    optimizer = torch.optim.SGD(ref.parameters(), lr=lr)
-    for _ in range(steps):
-        out, loss = training(*inputs)
-        optimizer.zero_grad()
-        ref_out, ref_loss = ref(*inputs)
-        ref_loss.backward()
-        optimizer.step()
-        torch.testing.assert_close(out, ref_out.detach(), **TOL)
-        torch.testing.assert_close(loss, ref_loss.detach(), **TOL)
+    training, ref = sgd_steps_like_eager(model, inputs, steps, lr, TOL)
     training.destroy()
     return model, ref
 
