@@ -2,7 +2,8 @@
 
 While a module is traced, ``F.dropout`` (and ``dropout1d/2d/3d``, and the attention
 dropout of ``F.scaled_dot_product_attention``, which then runs as its math) is
-replaced by a mask from the seeded ``ipuxl::dropout_mask`` op, and torch's random
+replaced by a product with a mask from the seeded ``ipuxl::dropout_mask`` op (an
+in-place ``mul_`` for ``inplace=True``, as eager's ``dropout_``), and torch's random
 functions (``torch.rand``, ``normal``, ``Tensor.bernoulli_``... see
 ``capture.random_ops``) by seeded draws: the k-th draw of the module, dropouts and
 random functions in call order, gets seed ``modify_seed(seed, k)`` (``DropoutMode``).
@@ -27,14 +28,16 @@ from torch.overrides import TorchFunctionMode
 
 import ipuxl.ops.random  # noqa: F401  (registers the ipuxl::* random custom ops)
 from ipuxl.capture import random_ops
+from ipuxl.errors import OpArgumentError, TraceError
+from ipuxl.ir.context import user_source_line
 
 __all__ = ["SEED_SHAPE", "SEED_DTYPE", "seed_words", "step_seeds", "DropoutMode", "DropoutReplay", "random_op"]
 
 SEED_SHAPE: tuple[int, ...] = (2,)
 SEED_DTYPE = torch.int64
 
-# each dropout function and how many trailing (feature) dimensions share one mask value
-_DROPOUTS: dict[Callable, int] = {F.dropout: 0, F.dropout1d: 1, F.dropout2d: 2, F.dropout3d: 3}
+# the dropout functions seeded here (``_mask_shape`` gives each one's mask shape)
+_DROPOUTS = frozenset({F.dropout, F.dropout1d, F.dropout2d, F.dropout3d})
 _RANDOM_OPS = ("rand", "randn", "randint", "randperm", "bernoulli", "normal", "uniform", "multinomial",
                "exponential", "geometric", "cauchy", "log_normal", "native_dropout", "poisson", "rrelu")
 _ATTENTION_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -142,21 +145,39 @@ class DropoutMode(TorchFunctionMode):
         return weights @ v
 
     def _dropout(self, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
+        """``F.dropout`` (or ``dropout1d/2d/3d``) as eager runs it, with a seeded mask; with
+        ``inplace=True`` the input is multiplied in place, as eager's ``dropout_`` does (a
+        functional ``mul`` once functionalized, which autodiff can differentiate)."""
         bound = inspect.signature(func).bind(*args, **kwargs)
         bound.apply_defaults()
         x, p, training = bound.arguments["input"], float(bound.arguments["p"]), bound.arguments["training"]
+        if not 0.0 <= p <= 1.0:
+            raise OpArgumentError(f"{func.__name__}: dropout probability has to be between 0 and 1, but got {p}",
+                                  where=user_source_line(), fix="pass a probability p in [0, 1]")
+        shape = _mask_shape(func, x)
         if not training or p == 0.0:
             return x
-        if p == 1.0:
-            return x * 0.0
-        seed = self.next_seed()
-        feature_dims = _DROPOUTS[func]
-        shape = list(x.shape) if feature_dims == 0 else list(x.shape[:-feature_dims]) + [1] * feature_dims
-        out = x * torch.ops.ipuxl.dropout_mask(seed, shape, p, x.dtype)
-        if bound.arguments.get("inplace"):
-            x.copy_(out)
-            return x
-        return out
+        mask = 0.0 if p == 1.0 else torch.ops.ipuxl.dropout_mask(self.next_seed(), shape, p, x.dtype)
+        return x.mul_(mask) if bound.arguments.get("inplace") else x * mask
+
+
+def _mask_shape(func: Callable, x: torch.Tensor) -> list[int]:
+    """The shape of the mask eager's ``func`` draws for ``x``: one value per element
+    (``F.dropout``), else per channel: ``feature_dropout`` on ``(N, C, ...)``, or on
+    ``(C, ...)`` for unbatched input of ``dropout1d`` (2-D) and ``dropout3d`` (4-D).
+
+    Raises:
+        TraceError: ``dropout1d`` of an input that is not 2-D or 3-D (eager's RuntimeError).
+    """
+    if func is F.dropout:
+        return list(x.shape)
+    if func is F.dropout1d and x.dim() not in (2, 3):
+        raise TraceError(f"dropout1d: expected a 2-D or 3-D input, got a {x.dim()}-D input of shape "
+                         f"{tuple(x.shape)}", where=user_source_line(),
+                         fix="pass (C, L) or (N, C, L), or use F.dropout for element-wise dropout")
+    unbatched = {F.dropout1d: 2, F.dropout3d: 4}.get(func) == x.dim()
+    kept = 1 if unbatched else 2
+    return [*x.shape[:kept], *[1] * (x.dim() - kept)]
 
 
 class DropoutReplay:

@@ -3,7 +3,8 @@
 ``CaptureMode`` is the torch function mode a trace runs under: it seeds dropout
 (``DropoutMode``), gives autograd its eager meaning (``capture.grad_mode``), makes
 tensors from outside the module constants (``capture.constants``) and records the
-tensors that came out of torch loss functions. ``capturing`` makes it
+tensors that came out of torch loss functions; in-place composites that functionalize
+refuses run as the ops they stand for (``capture.inplace``). ``capturing`` makes it
 the active capture, which ``identity_loss`` and outlined blocks consult.
 
 The loss is found as PopTorch finds it (``find_loss``): the output produced by a
@@ -31,6 +32,7 @@ from ipuxl.capture.constants import OutsideTensors
 from ipuxl.capture.dropout import DropoutMode
 from ipuxl.capture.failures import eager_error
 from ipuxl.capture.grad_mode import NOT_HANDLED, GradTracker, is_inplace
+from ipuxl.capture.inplace import REPLACEMENTS as INPLACE_REPLACEMENTS
 from ipuxl.capture.reductions import NOT_PROD, static_prod
 from ipuxl.errors import IpuxlError, OpArgumentError, TraceError
 from ipuxl.ir.context import user_source_line
@@ -138,7 +140,10 @@ class CaptureMode(DropoutMode):
     def call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         """``func(*args, **kwargs)`` with dropouts seeded; a loss function's result is recorded.
         ``F.one_hot`` with a known class count keeps its range check at run time
-        (``kernels.checks``): traced as is, an out-of-range class would give a zero row."""
+        (``kernels.checks``): traced as is, an out-of-range class would give a zero row.
+        An in-place composite that functionalize refuses runs as the op it stands for
+        (``capture.inplace``)."""
+        func = INPLACE_REPLACEMENTS.get(func, func)
         if func is F.one_hot:
             if not _known_classes(args, kwargs):
                 raise TraceError("F.one_hot without num_classes: its output shape depends on the largest index "

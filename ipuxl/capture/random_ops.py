@@ -8,7 +8,8 @@ a function in ``RANDOM_FUNCTIONS`` is replaced by a draw from a seeded
 ``torch.ops.ipuxl`` op (``kernels.random``): the k-th draw of a module, dropouts
 included, uses ``modify_seed(seed, k)`` (``DropoutMode``). The kernels run torch's
 own samplers on a generator seeded from that seed, so every draw has exactly torch's
-distribution, dtype and shape. ``torch.dropout`` and its feature/alpha variants, and the
+distribution, dtype and shape. ``torch.dropout`` and its feature/alpha variants (in-place
+forms included: ``torch.dropout_``..., multiplying their input in place), and the
 dropout between the layers of ``nn.GRU``/``LSTM``/``RNN`` (padded input), draw seeded
 masks too.
 
@@ -324,16 +325,17 @@ def _rrelu(inplace_default: bool) -> _Replacement:
                   {"lower": 1.0 / 8, "upper": 1.0 / 3, "training": False, "inplace": inplace_default}, args, kwargs)
         x: torch.Tensor = a["input"]
         if not a["training"]:
-            slope = (a["lower"] + a["upper"]) / 2
-            out = F.leaky_relu(x, slope)
-        else:
-            slopes = _fill(next_seed(), x.shape, x.dtype, "uniform", [a["lower"], a["upper"]])
-            out = torch.where(x <= 0, x * slopes, x)  # torch's rule: a random slope where x <= 0
-        return x.copy_(out) if a["inplace"] else out
+            return F.leaky_relu(x, (a["lower"] + a["upper"]) / 2, inplace=a["inplace"])
+        slopes = _fill(next_seed(), x.shape, x.dtype, "uniform", [a["lower"], a["upper"]])
+        if a["inplace"]:  # x * 1 is x: in place, x times its slopes
+            return x.mul_(torch.where(x <= 0, slopes, 1.0))
+        return torch.where(x <= 0, x * slopes, x)  # torch's rule: a random slope where x <= 0
     return replace
 
 
 def _alpha_dropout(feature: bool) -> _Replacement:
+    """``F.alpha_dropout`` / ``feature_alpha_dropout``: eager's formula, ``x * (keep * a) + b``
+    with ``b = (keep - 1) * alpha * a + alpha * a * p``; in place, ``x.mul_(...).add_(b)``."""
     def replace(next_seed: NextSeed, args: tuple, kwargs: dict) -> torch.Tensor:
         a = _bind("torch.nn.functional.alpha_dropout", ("input", "p", "training", "inplace"),
                   {"p": 0.5, "training": False, "inplace": False}, args, kwargs)
@@ -343,33 +345,32 @@ def _alpha_dropout(feature: bool) -> _Replacement:
         if not a["training"] or p == 0.0:
             return x
         if p == 1.0:
-            out = x * 0.0
-        else:
-            shape = [*x.shape[:2], *[1] * (x.dim() - 2)] if feature else list(x.shape)
-            keep = _fill(next_seed(), shape, x.dtype, "bernoulli", [1.0 - p])
-            scale = 1.0 / math.sqrt((_ALPHA * _ALPHA * p + 1) * (1 - p))
-            out = x * (keep * scale) + (keep - 1) * (_ALPHA * scale) + _ALPHA * scale * p
-        return x.copy_(out) if a["inplace"] else out
+            return x.mul_(0.0) if a["inplace"] else x * 0.0
+        shape = [*x.shape[:2], *[1] * (x.dim() - 2)] if feature else list(x.shape)
+        keep = _fill(next_seed(), shape, x.dtype, "bernoulli", [1.0 - p])
+        scale = 1.0 / math.sqrt((_ALPHA * _ALPHA * p + 1) * (1 - p))
+        shift = (keep - 1) * (_ALPHA * scale) + _ALPHA * scale * p
+        return x.mul_(keep * scale).add_(shift) if a["inplace"] else x * (keep * scale) + shift
     return replace
 
 
-def _torch_dropout(feature: bool, alpha: bool) -> _Replacement:
-    """``torch.dropout``, ``feature_dropout`` and their alpha variants (what ``F.dropout``...
-    call; ``DropoutMode`` seeds the ``F`` functions themselves)."""
-    name = f"torch.{'feature_' if feature else ''}{'alpha_' if alpha else ''}dropout"
+def _torch_dropout(feature: bool, alpha: bool, inplace: bool = False) -> _Replacement:
+    """``torch.dropout``, ``feature_dropout``, their alpha variants and their in-place forms
+    (``torch.dropout_``...: what ``F.dropout``... call; ``DropoutMode`` seeds the ``F``
+    functions themselves)."""
+    name = f"torch.{'feature_' if feature else ''}{'alpha_' if alpha else ''}dropout{'_' if inplace else ''}"
 
     def replace(next_seed: NextSeed, args: tuple, kwargs: dict) -> torch.Tensor:
         a = _bind(name, ("input", "p", "train"), {}, args, kwargs)
         if alpha:
-            return _alpha_dropout(feature)(next_seed, (a["input"], a["p"], a["train"]), {})
+            return _alpha_dropout(feature)(next_seed, (a["input"], a["p"], a["train"], inplace), {})
         x, p = a["input"], float(a["p"])
         _check(0.0 <= p <= 1.0, name, f"p must be in [0, 1], got {p}", "pass a probability")
         if not a["train"] or p == 0.0:
             return x
-        if p == 1.0:
-            return x * 0.0
         shape = [*x.shape[:2], *[1] * (x.dim() - 2)] if feature else list(x.shape)
-        return x * torch.ops.ipuxl.dropout_mask(next_seed(), shape, p, x.dtype)
+        mask = 0.0 if p == 1.0 else torch.ops.ipuxl.dropout_mask(next_seed(), shape, p, x.dtype)
+        return x.mul_(mask) if inplace else x * mask
     return replace
 
 
@@ -439,5 +440,9 @@ RANDOM_FUNCTIONS: dict[Callable, _Replacement] = {
     torch.feature_dropout: _torch_dropout(True, False),
     torch.alpha_dropout: _torch_dropout(False, True),
     torch.feature_alpha_dropout: _torch_dropout(True, True),
+    torch.dropout_: _torch_dropout(False, False, inplace=True),
+    torch.feature_dropout_: _torch_dropout(True, False, inplace=True),
+    torch.alpha_dropout_: _torch_dropout(False, True, inplace=True),
+    torch.feature_alpha_dropout_: _torch_dropout(True, True, inplace=True),
     torch.native_dropout: _native_dropout,
 }

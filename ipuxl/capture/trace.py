@@ -45,6 +45,7 @@ from ipuxl.capture.dropout import SEED_DTYPE, SEED_SHAPE, random_op
 from ipuxl.capture.failures import refuse_data_dependent, trace_error
 from ipuxl.capture.random_ops import unseeded_op_error
 from ipuxl.capture.grad_mode import GradTracker
+from ipuxl.capture.matmuls import fold_broadcast_matmuls
 from ipuxl.capture.mode import CaptureMode, Precision, capturing, find_loss
 from ipuxl.capture.mutations import extract_mutations
 from ipuxl.capture.nodes import output_nodes, placeholders, spec_of
@@ -54,10 +55,41 @@ from ipuxl.ir.tensor import TensorSpec
 
 __all__ = ["TracedModule", "trace_module"]
 
-# BatchNorm's aten kernel mutates its running statistics without declaring it, so
-# functionalize cannot see the update; its decomposition updates them visibly.
-# (Keys typed Any: make_fx is annotated with OpOverload keys, get_decompositions returns OperatorBase.)
-_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = get_decompositions([torch.ops.aten.native_batch_norm.default])
+# BatchNorm's aten kernel (``native_batch_norm``) updates its running statistics
+# without declaring it, so functionalize cannot see the update. It is replaced by the
+# functional form of the same fused kernel, whose new running statistics are copied
+# into the buffers visibly (``capture.mutations`` then sees the update); the backward
+# is then one ``native_batch_norm_backward`` as in eager, not dozens of small ops.
+_aten = torch.ops.aten
+_DECOMPOSED_BATCH_NORM = get_decompositions([_aten.native_batch_norm.default])[_aten.native_batch_norm.default]
+
+
+def _fused_batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                      running_mean: torch.Tensor | None, running_var: torch.Tensor | None, training: bool,
+                      momentum: float, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``native_batch_norm`` with its running-statistics update made visible (same kernel).
+
+    Statistics of another dtype than the input (float32 statistics of a float16 layer,
+    ``runningStatisticsAlwaysFloat``), which torch's CPU kernel refuses, take torch's
+    own decomposition into elementwise ops instead."""
+    if any(t is not None and t.dtype != input.dtype for t in (weight, bias, running_mean, running_var)):
+        return _DECOMPOSED_BATCH_NORM(input, weight, bias, running_mean, running_var, training, momentum, eps)
+    if running_mean is None or running_var is None:
+        return _aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)
+    if not training:
+        return _aten._native_batch_norm_legit_no_training.default(
+            input, weight, bias, running_mean.detach(), running_var.detach(), momentum, eps)
+    # detached: the kernel has no gradient for the statistics (autodiff differentiates
+    # a graph's floating-point inputs, and the buffers are inputs of the module's graph)
+    out, mean, rstd, new_mean, new_var = _aten._native_batch_norm_legit_functional.default(
+        input, weight, bias, running_mean.detach(), running_var.detach(), True, momentum, eps)
+    running_mean.copy_(new_mean)
+    running_var.copy_(new_var)
+    return out, mean, rstd
+
+
+# (Keys typed Any: make_fx is annotated with OpOverload keys.)
+_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {_aten.native_batch_norm.default: _fused_batch_norm}
 
 
 @dataclass
@@ -190,6 +222,7 @@ def _trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, *, trainin
                   [b.detach().float() if n in statistics else b.detach() for n, b in buffers.items()],
                   torch.zeros(SEED_SHAPE, dtype=SEED_DTYPE))
     refuse_data_dependent(gm, name)
+    fold_broadcast_matmuls(gm)
     _mark_roles(gm)
     mutated, mutated_inputs = extract_mutations(gm, len(example), list(params) + list(buffers))
     _refuse_random_ops(gm, module)

@@ -34,6 +34,7 @@ changed afterwards is refused with an error, never run half-way.
 """
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence, cast
 
@@ -48,10 +49,12 @@ from ipuxl.errors import (
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.graph import Graph, identifier
 from ipuxl.ir.ir import Ir, VariableRecord
+from ipuxl.device.host_memory import keep_freed_memory
 from ipuxl.device.failures import StepFailure, step_error, transfer_in_progress
 from ipuxl.device.replicas import Communicator, ensure_process_group, run_replicas
 from ipuxl.device.dce import eliminate_dead_code
 from ipuxl.device.report import ProgramReport, program_report
+from ipuxl.device.profile import Profile, labelled_programs, profile_runs
 from ipuxl.device.resources import IpuSpec, check_fits
 from ipuxl.device.fuse import (
     call_random_ops_directly, fuse_adam_steps, fuse_adam_updates, fuse_matmul_updates, select_kernels,
@@ -103,6 +106,8 @@ class Session:
         self.ir = ir
         self.device_type = device_desc
         self.device = device_for(device_desc)
+        if self.device.type == "cpu":
+            keep_freed_memory()  # the device's memory is kept between steps (device.host_memory)
         self._built = _Built(ir.replication_factor, ir.num_host_transfers, len(ir.variable_records), user_source_line())
         self._plan = plan_replicas(ir)
         if device_desc == "ipu_model":  # the IPU resource model: fail before compiling when it cannot fit
@@ -168,6 +173,44 @@ class Session:
         """The program's report: op counts, code size, call sites, memory per IPU (``spec``:
         default the configured one) and FLOPs (``ipuxl.device.report``)."""
         return program_report(self.ir, spec)
+
+    def profile(self, inputs: Mapping[HostToDeviceStream, Any] | None = None, *, runs: int = 3, warmup: int = 1,
+                top: int = 20, trace_path: str | os.PathLike[str] | None = None, downcast_inputs: bool = True,
+                run_fn: Callable[[], object] | None = None) -> Profile:
+        """ipuxl only: run the program ``warmup`` times, then ``runs`` times under
+        ``torch.profiler``, every op labelled by its graph, op and source line
+        (``ipuxl.device.profile``). Profiled runs are real runs: they update the
+        variables as ``run`` does.
+
+        Args:
+            inputs: the data of each run, as for ``run``.
+            runs: runs to profile; warmup: runs before them, not profiled.
+            top: rows ``print(profile)`` shows.
+            trace_path: where to write the Chrome/Perfetto trace JSON (None: not written).
+            downcast_inputs: as for ``run``.
+            run_fn: what one run is (default ``self.run(inputs, downcast_inputs)``);
+                ``PoplarExecutor.profile`` passes a call of the model.
+
+        Returns:
+            The ``Profile``: ``print`` it for the most expensive ops and their share.
+
+        Raises:
+            DetachedError: the session is not attached, as for ``run``.
+            InvalidValueError: ``runs`` or ``top`` < 1, or ``warmup`` < 0.
+            UnsupportedError: more than one local replica (they run in threads the profiler does not see).
+
+        Example:
+            >>> with session:
+            ...     print(session.profile({x_stream: data}, runs=3, trace_path="trace.json"))
+        """
+        self._require_attached("profile")
+        labelled = labelled_programs(self.ir, self._modules, self.compiled_graph)
+        saved, self._forwards = self._forwards, labelled
+        try:
+            return profile_runs(run_fn or (lambda: self.run(inputs, downcast_inputs)), runs=runs, warmup=warmup,
+                                top=top, trace_path=trace_path)
+        finally:
+            self._forwards = saved
 
     @property
     def code(self) -> str:

@@ -34,7 +34,7 @@ from ipuxl.ir.meta import CALLED_GRAPH, NAME, OP, OP_ID, SOURCE, VIEW_OF
 if TYPE_CHECKING:
     from ipuxl.ir.ir import Ir
 
-__all__ = ["copy_fx_body", "to_meta"]
+__all__ = ["copy_fx_body", "to_meta", "returns_view"]
 
 
 def copy_fx_body(source: fx.GraphModule, new: fx.Graph, env: dict[fx.Node, fx.Node],
@@ -67,7 +67,7 @@ def copy_fx_body(source: fx.GraphModule, new: fx.Graph, env: dict[fx.Node, fx.No
         copied.meta["val"] = to_meta(node.meta.get("val"))
         if node.op == "call_function" and node.target is not operator.getitem:
             copied.meta[OP_ID] = ir.next_op_id()
-        if _returns_view(node.target) and copied.all_input_nodes:
+        if returns_view(node.target) and copied.all_input_nodes:
             copied.meta[VIEW_OF] = copied.all_input_nodes[0]
         if node.op == "get_attr":
             constants[node.target] = getattr(source, node.target)
@@ -210,7 +210,7 @@ def _hashable(value: Any, counterpart: Any) -> Any:
     return value
 
 
-def _returns_view(target: Any) -> bool:
+def returns_view(target: Any) -> bool:
     """True for aten ops whose result aliases their first input (view, t, expand...)."""
     if not isinstance(target, torch._ops.OpOverload):
         return False

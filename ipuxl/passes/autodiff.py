@@ -57,7 +57,7 @@ from ipuxl.ir.build import emit
 from ipuxl.ir.call_op import CallEntry
 from ipuxl.ir.calls import call_nodes, callee, does_host_io, is_repeat, reachable_from, transfer_counts
 from ipuxl.ir.context import user_source_line
-from ipuxl.ir.fx_import import copy_fx_body
+from ipuxl.ir.fx_import import copy_fx_body, returns_view
 from ipuxl.ir.grad_info import ExpectedConnectionType, GradGraphInfo
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.lower import compiled_callee, graph_callable, lower_graph
@@ -174,6 +174,7 @@ def _differentiate_traced(graph: Graph, provided: list[Tensor], required: list[T
     n_fwd = len(graph.outputs)
     _check_paths(graph, joint, n_fwd, required, explicit)
     _tag_forward(joint, n_fwd)
+    _recompute_input_views(joint)
     fw, bw = default_partition(joint, None, num_fwd_outputs=n_fwd)
     saved = _rewrite_forward(graph, fw, n_fwd)
     grad_graph = _build_grad_graph(graph, bw, provided, saved, required)
@@ -692,6 +693,50 @@ def _tag_forward(joint: fx.GraphModule, n_fwd: int) -> None:
     for node in joint.graph.nodes:
         if node.op in ("call_function", "get_attr"):
             node.meta["partitioner_tag"] = FWD_TAG if node in forward_nodes else BWD_TAG
+
+
+def _recompute_input_views(joint: fx.GraphModule) -> None:
+    """Views of the graph's inputs that the backward reads (``t(weight)``, a permuted
+    input...) are recomputed in the backward from the input, which is saved instead.
+    Saved as they are, they would be forward outputs sharing an input's storage, which
+    a call copies (its outputs are new tensors): a copy of every transposed weight per
+    step. Each such view chain gets a copy tagged backward, placed before the first
+    backward reader (the partitioner keeps the graph's order), read by the backward."""
+    graph = joint.graph
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    readers = {node: [u for u in node.users if u.meta.get("partitioner_tag") == BWD_TAG]
+               for node in graph.nodes
+               if node.meta.get("partitioner_tag") == FWD_TAG and returns_view(node.target) and _input_view(node)}
+    readers = {node: users for node, users in readers.items() if users}
+    if not readers:
+        return
+    anchor = min((u for users in readers.values() for u in users), key=order.__getitem__)
+    copies: dict[fx.Node, fx.Node] = {}
+
+    def backward_copy(node: fx.Node) -> fx.Node:
+        if node.op == "placeholder":
+            return node
+        if node not in copies:
+            source = backward_copy(cast(fx.Node, node.args[0]))
+            with graph.inserting_before(anchor):
+                copy = graph.call_function(cast(Callable[..., Any], node.target), (source, *node.args[1:]),
+                                           dict(node.kwargs))
+            copy.meta.update(node.meta)
+            copy.meta["partitioner_tag"] = BWD_TAG
+            copies[node] = copy
+        return copies[node]
+
+    for node, users in readers.items():
+        copy = backward_copy(node)
+        for user in users:
+            user.replace_input_with(node, copy)
+
+
+def _input_view(node: fx.Node) -> bool:
+    """Whether ``node`` is a chain of views of a placeholder."""
+    while node.op == "call_function" and returns_view(node.target) and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node.op == "placeholder"
 
 
 # -- step 4: forward rewrite --------------------------------------------------------------------------

@@ -40,7 +40,6 @@ from ipuxl.poptorch_compat.options import Options, OutputMode
 
 if TYPE_CHECKING:
     from ipuxl.ir.tensor import Variable
-    from ipuxl.poptorch_compat.translate import ParamPlan
 
 __all__ = ["AnchorRequest", "AnchorPlan", "AnchorStreams", "plan_anchors", "gather_anchors",
            "anchorable_names", "parameter_paths", "PREFIXES"]
@@ -121,12 +120,13 @@ class AnchorStreams:
         for a in self._of("gradient"):
             host_store(a.streams[g], grads[a.param])
 
-    def store_accumulated(self, grads: dict[str, Tensor], divisor: int, plans: list[ParamPlan]) -> None:
-        """After accumulation and the replica reduction: the gradients the optimiser receives."""
-        scaling = {p.name: p.loss_scaling for p in plans}
+    def store_accumulated(self, grads: dict[str, Tensor], scale: float | Tensor) -> None:
+        """After accumulation and the replica reduction: the gradients the optimiser receives
+        (the sums times ``scale``: 1 / (micro-batches averaged * loss scaling), a tensor
+        when the loss scaling is a variable that ``setOptimizer`` may change)."""
         for a in self._of("accumulated"):
-            scale = 1.0 / (divisor * scaling.get(a.param, 1.0))
-            host_store(a.streams[0], grads[a.param] if scale == 1.0 else grads[a.param] * scale)
+            plain = isinstance(scale, float) and scale == 1.0
+            host_store(a.streams[0], grads[a.param] if plain else grads[a.param] * scale)
 
     def store_updated(self, params: dict[str, Variable], inputs: dict[Variable, Tensor]) -> None:
         """After the optimiser step: the updated weights."""

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from ipuxl.capture.dropout import seed_words
+from ipuxl.device.profile import Profile
 from ipuxl.device.session import Session, device_for
 from ipuxl.dtypes import to_numpy_dtype
 from ipuxl.errors import (
@@ -54,8 +55,8 @@ from ipuxl.poptorch_compat.compile_hooks import run_post_compile_hooks, run_pre_
 from ipuxl.poptorch_compat.executable_file import example_inputs, input_specs, read_executable, write_executable
 from ipuxl.poptorch_compat.options import Options
 from ipuxl.poptorch_compat.perf import CallTimes, latency, perf_counters
-from ipuxl.poptorch_compat.program import StartValues, optimizer_structure, per_replica_seeds
-from ipuxl.poptorch_compat.translate import AttributeChecks, ParamPlan, translate
+from ipuxl.poptorch_compat.program import StartValues, hyper_values, optimizer_structure, per_replica_seeds
+from ipuxl.poptorch_compat.translate import AttributeChecks, ParamPlan, check_replacement, translate
 from ipuxl.poptorch_compat.connection import attaches, refuse_offline
 from ipuxl.poptorch_compat.weight_sync import Compiled, WeightSync
 from ipuxl.poptorch_compat.weights import HostSlots, named_tensors, to_numpy
@@ -181,6 +182,43 @@ class PoplarExecutor:
         self._times = CallTimes(started, staged, ran, time.perf_counter(), len(program.inputs),
                                 len(program.outputs), self.options.device_iterations)
         return outputs
+
+    def profile(self, *args: Any, runs: int = 3, warmup: int = 1, top: int = 20,
+                trace_path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Profile:
+        """ipuxl only: call the model on ``args`` ``warmup`` times, then ``runs`` times
+        under ``torch.profiler``, every op of the program labelled by its graph, op and
+        the user's source line (``Session.profile``, ``ipuxl.device.profile``).
+
+        Each call is a real call (``deviceIterations`` steps): a training model's weights
+        and optimiser state advance as if it had been called ``warmup + runs`` times.
+        The model is compiled for ``args`` first when needed, as calling it does.
+
+        Args:
+            args, kwargs: the inputs of each call, as for calling the model.
+            runs: calls to profile; warmup: calls before them, not profiled.
+            top: rows ``print(profile)`` shows.
+            trace_path: where to write the Chrome/Perfetto trace JSON (None: not written).
+
+        Returns:
+            The ``Profile``: ``print`` it for the most expensive ops and their share of the calls.
+
+        Raises:
+            DetachedError: the model is destroyed or detached, as when calling it.
+            InvalidValueError: ``runs`` or ``top`` < 1, or ``warmup`` < 0.
+            UnsupportedError: more than one replica in this process (see ``Session.profile``).
+
+        Example:
+            >>> print(model.profile(x, y, runs=3, trace_path="trace.json"))
+        """
+        self._require_usable("profile the model")
+        refuse_offline(self.options, self._kind, "run")
+        self._ensure_program(split_batch(self.options, self.training, args, kwargs).micro, (args, kwargs))
+        if not self._sync.attached:
+            self(*args, **kwargs)  # refused as calling a detached model is: raises
+        self._sync_before_run()  # a pending recompile happens now, not during the profiled calls
+        session = self._require_compiled().session
+        return session.profile(runs=runs, warmup=warmup, top=top, trace_path=trace_path,
+                               run_fn=lambda: self(*args, **kwargs))
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Trace and compile for these inputs without running (PopTorch's ``compile``;
@@ -334,27 +372,32 @@ class PoplarExecutor:
     def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:  # noqa: N802
         """Use ``optimizer``'s hyperparameters from the next call (PopTorch's ``setOptimizer``).
 
-        Learning rates are variables of the program: changing them (e.g. from an LR
-        scheduler) writes those variables, without recompiling. Other changes
-        (momentum, weight decay, loss scaling, optimiser type...) recompile, keeping
-        the weights and the state of the parameters whose optimiser state still
-        applies. PopTorch instead updates the attributes marked variable
-        (``optimizer.variable_attrs``) in place and refuses to change a constant
-        attribute or the optimiser type once compiled; every change PopTorch accepts
-        gives the same numbers here.
+        As PopTorch: the optimiser's variable attributes (``translate.variable_hypers``:
+        ``variable_attrs`` of an ``ipuxl.optim`` optimiser; for ``torch.optim`` the
+        learning rate and any attribute away from its default) are variables of the
+        program: new values are written to them, without recompiling. Changing a
+        constant attribute, an attribute's constness or ``max_grad_norm`` once
+        compiled raises ``ExecutorError`` (PopART's message). Unlike PopTorch, another
+        optimiser type, flag (``amsgrad``...) or state dtype recompiles, keeping the
+        weights and the optimiser state that still applies.
+
+        Raises:
+            ExecutorError: a constant attribute changed (see above).
         """
         self._require_usable("set the optimizer")
         if not self.training:
             raise InvalidArgumentError("setOptimizer on an inference model", where=user_source_line(),
                                        fix="only training models have an optimizer")
         plans = translate(optimizer, self._names)
+        if self._sync.compiled is not None:
+            check_replacement(self._sync.plans, plans)
         self._attribute_checks.check(optimizer)
         self._sync.set_optimizer(optimizer)
         self._apply_plans(plans)
 
     def _apply_plans(self, plans: list[ParamPlan], *, states_from_optimizer: bool = False) -> None:
-        """Use ``plans`` from the next run: new learning rates are written to their
-        variables; any other change recompiles."""
+        """Use ``plans`` from the next run: new values of variable hyperparameters are
+        written to their variables; any other change recompiles."""
         old, self._sync.plans = self._sync.plans, plans
         compiled = self._sync.compiled
         if compiled is None:
@@ -364,8 +407,7 @@ class PoplarExecutor:
             return
         self._require_attached("setOptimizer")
         program = compiled.program
-        lrs = {program.learning_rates[plan.group]: np.float32(plan.hypers["lr"]) for plan in plans}
-        updates = {var: np.asarray(v, np.float32) for var, v in lrs.items()}
+        updates = hyper_values(program, plans)
         if states_from_optimizer:
             states = self._sync.optimizer_states()
             for (name, state), var in program.states.items():

@@ -159,10 +159,11 @@ class VariableAttributes:
     """Which optimiser attributes are variable and which constant (PopTorch's class).
 
     Every PopTorch optimiser has one as ``opt.variable_attrs``: the arguments passed
-    explicitly to the constructor are variable, the others constant. PopTorch bakes
-    constant attributes into the program and refuses to change them with
-    ``setOptimizer`` once compiled; ipuxl records the marks and recompiles on any
-    change other than the learning rate (see ``PoplarExecutor.setOptimizer``).
+    explicitly to the constructor are variable, the others constant. As in PopTorch,
+    constant attributes are baked into the program and ``setOptimizer`` refuses to
+    change them once compiled; variable ones are device variables it writes without
+    recompiling (``translate.variable_hypers``). Mark attributes before the model is
+    wrapped (``trainingModel`` reads the marks).
 
     Example:
         >>> opt = ipuxl.optim.SGD(model.parameters(), lr=0.01)

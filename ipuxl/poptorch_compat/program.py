@@ -6,8 +6,10 @@ differentiates it (``Gradients``); ``build_program`` then builds what a PopXL us
 would write by hand for the same model:
 
 * the main graph holds the variables (parameters, buffers, optimiser state, the
-  learning rate of each param group, so that ``setOptimizer`` changes it without
-  recompiling, and the seed) and runs the device loop: ``ops.repeat`` of the step
+  seed, and each *variable* hyperparameter of each param group and the loss scaling
+  when variable: PopTorch's variable optimizer attributes, which ``setOptimizer``
+  writes without recompiling; constant ones are numbers baked into the program, see
+  ``translate.variable_hypers``) and runs the device loop: ``ops.repeat`` of the step
   graph deviceIterations times (``ir.num_host_transfers`` = deviceIterations);
 * the step graph takes every variable by reference, loads the combined batch of
   ``gradientAccumulation`` micro-batches, calls forward and grad graphs once per
@@ -60,13 +62,14 @@ from ipuxl.ops.call import call, call_with_info, repeat
 from ipuxl.ops.collectives import replicated_all_reduce
 from ipuxl.ops.random import split_random_seed
 from ipuxl.ops.var_updates import copy_var_update_
-from ipuxl.optim.rules import RULES, clip_grad_norm, state_specs
+from ipuxl.optim.rules import RULES, clip_grad_norm
 from ipuxl.poptorch_compat.translate import ParamPlan
 
 if TYPE_CHECKING:
     from ipuxl.poptorch_compat.anchors import AnchorPlan, AnchorStreams
 
-__all__ = ["Program", "Gradients", "StartValues", "build_program", "optimizer_structure", "per_replica_seeds"]
+__all__ = ["Program", "Gradients", "StartValues", "build_program", "optimizer_structure", "hyper_values",
+           "per_replica_seeds"]
 
 
 @dataclass
@@ -114,7 +117,9 @@ class Program:
     params: dict[str, Variable]
     buffers: dict[str, Variable]
     states: dict[tuple[str, str], Variable] = field(default_factory=dict)
-    learning_rates: dict[int, Variable] = field(default_factory=dict)
+    # variable hyperparameters: (param group, rules' name) -> float32 scalar variable
+    hypers: dict[tuple[int, str], Variable] = field(default_factory=dict)
+    loss_scaling: Variable | None = None  # the loss scaling, when variable
     trained: list[str] = field(default_factory=list)
     seed: Variable | None = None
     # the call's tensor inputs written in place: (input position, [stream per micro-batch g])
@@ -134,9 +139,21 @@ class Program:
 
 
 def optimizer_structure(plans: list[ParamPlan]) -> tuple:
-    """What a program bakes in from the optimiser: everything but the learning rates."""
-    return tuple((p.name, p.group, p.structure_key(), tuple(sorted((k, v) for k, v in p.hypers.items() if k != "lr")),
-                  p.loss_scaling) for p in plans)
+    """What a program bakes in from the optimiser: everything but the values of its
+    variable hyperparameters (``ParamPlan.variable``)."""
+    return tuple((p.name, p.group, p.structure_key(),
+                  tuple(sorted((k, v) for k, v in p.hypers.items() if k not in p.variable)),
+                  None if "loss_scaling" in p.variable else p.loss_scaling) for p in plans)
+
+
+def hyper_values(program: Program, plans: list[ParamPlan]) -> dict[Variable, np.ndarray]:
+    """The values ``plans`` give the program's hyperparameter variables (for
+    ``Session.write_variables_data``)."""
+    by_group = {plan.group: plan for plan in plans}
+    values = {var: np.float32(by_group[group].hypers[name]) for (group, name), var in program.hypers.items()}
+    if program.loss_scaling is not None and plans:
+        values[program.loss_scaling] = np.float32(plans[0].loss_scaling)
+    return {var: np.asarray(value, np.float32) for var, value in values.items()}
 
 
 def build_program(ir: Ir, traced: TracedModule, forward: Graph, gradients: Gradients | None, *,
@@ -176,7 +193,7 @@ def build_program(ir: Ir, traced: TracedModule, forward: Graph, gradients: Gradi
 def _all_variables(program: Program) -> list[Variable]:
     """Every variable of the program, in a fixed order (the step graph's inputs)."""
     found = [*program.params.values(), *program.buffers.values(), *program.float_statistics.values(),
-             *program.learning_rates.values(),
+             *program.hypers.values(), *([program.loss_scaling] if program.loss_scaling is not None else []),
              *program.states.values()]
     return found + ([program.seed] if program.seed is not None else [])
 
@@ -197,7 +214,7 @@ def _build_step(program: Program, forward: Graph, gradients: Gradients | None, p
         anchors.store_weights(program.params, inputs)
     loaded = [host_load(stream, name) for stream, name in zip(program.inputs, program.traced.input_names)]
     seeds = _step_seeds(inputs[program.seed] if program.seed is not None else None, micro_batches)
-    loss_grad = _loss_gradient(forward, program.traced, plans) if gradients else None
+    loss_grad = _loss_gradient(program, forward, plans, inputs) if gradients else None
     grad_sums: list[Tensor] = []
     for g in range(micro_batches):
         grads = _micro_batch(program, forward, gradients, loaded, seeds[g], g, loss_grad, inputs)
@@ -210,7 +227,8 @@ def _build_step(program: Program, forward: Graph, gradients: Gradients | None, p
             grad_sums = [replicated_all_reduce(g, op="add" if program.reduction == "sum" else "mean") for g in grad_sums]
         divisor = micro_batches if program.reduction == "mean" else 1
         if anchors:
-            anchors.store_accumulated(dict(zip(gradients.trained, grad_sums)), divisor, plans)
+            anchors.store_accumulated(dict(zip(gradients.trained, grad_sums)),
+                                      _gradient_scale(program, plans, divisor, inputs))
         _apply_optimizer(program, plans, dict(zip(gradients.trained, grad_sums)), divisor, inputs)
         if anchors:
             anchors.store_updated(program.params, inputs)
@@ -257,10 +275,14 @@ def _add_streams(program: Program) -> None:
         for i in traced.mutated_inputs]
 
 
-def _loss_gradient(forward: Graph, traced: TracedModule, plans: list[ParamPlan]) -> Tensor:
+def _loss_gradient(program: Program, forward: Graph, plans: list[ParamPlan],
+                   inputs: dict[Variable, Tensor]) -> Tensor:
     """The loss gradient: the loss scaling (1 without), once for all micro-batches."""
+    traced = program.traced
     assert traced.loss_index is not None, "a training trace has a loss"
     dtype = forward.outputs[traced.loss_index].spec.dtype
+    if program.loss_scaling is not None:
+        return cast(inputs[program.loss_scaling], dtype)
     scaling = plans[0].loss_scaling if plans else 1.0
     return constant(np.full((), scaling, to_numpy_dtype(dtype)), dtype)
 
@@ -329,18 +351,21 @@ def _step_seeds(seed: Tensor | None, count: int) -> list[Tensor | None]:
 
 def _add_optimizer_variables(program: Program, plans: list[ParamPlan],
                              initial: dict[tuple[str, str], np.ndarray]) -> None:
-    """A learning-rate variable per param group, and the state variables of each trained
-    parameter's update rule (started from ``initial``, else zeros)."""
+    """A float32 variable per variable hyperparameter of each param group (and for the
+    loss scaling when variable), and the state variables of each trained parameter's
+    update rule (started from ``initial``, else zeros)."""
     for plan in plans:
-        if plan.group not in program.learning_rates:
-            program.learning_rates[plan.group] = variable(np.float32(plan.hypers["lr"]), torch.float32,
-                                                          name=f"optimizer.group{plan.group}.lr")
+        for name in sorted(plan.variable & plan.hypers.keys()):
+            if (plan.group, name) not in program.hypers:
+                program.hypers[(plan.group, name)] = variable(np.float32(plan.hypers[name]), torch.float32,
+                                                              name=f"optimizer.group{plan.group}.{name}")
+    if plans and "loss_scaling" in plans[0].variable:
+        program.loss_scaling = variable(np.float32(plans[0].loss_scaling), torch.float32,
+                                        name="optimizer.loss_scaling")
     for plan in plans:
         if plan.name not in program.trained:
             continue
-        hypers = {k: v for k, v in plan.hypers.items() if k != "lr"}
-        specs = state_specs(plan.rule, program.params[plan.name], **hypers, **plan.flags, **plan.state_dtypes)
-        for state, spec in specs.items():
+        for state, spec in plan.state_specs(program.params[plan.name]).items():
             value = initial.get((plan.name, state))
             data = spec.zeros() if value is None else np.asarray(value, to_numpy_dtype(spec.dtype)).reshape(spec.shape)
             program.states[(plan.name, state)] = variable(data, spec.dtype, name=f"{plan.name}.{state}")
@@ -352,16 +377,31 @@ def _apply_optimizer(program: Program, plans: list[ParamPlan], grads: dict[str, 
     out, then clipped to the optimiser's ``max_grad_norm``), on the step graph's inputs
     of its weight, state and learning-rate variables."""
     mean: dict[str, Tensor] = {}
+    scale = _gradient_scale(program, plans, divisor, inputs)
     for plan in plans:
         if plan.name in grads:
-            scale = 1.0 / (divisor * plan.loss_scaling)
-            mean[plan.name] = grads[plan.name] if scale == 1.0 else grads[plan.name] * scale
+            grad = grads[plan.name]
+            mean[plan.name] = grad if isinstance(scale, float) and scale == 1.0 else grad * _as_dtype(scale, grad)
     if plans:
         mean = dict(zip(mean, clip_grad_norm(list(mean.values()), plans[0].max_grad_norm)))
     for plan in plans:
         if plan.name not in mean:
             continue
-        hypers = {k: v for k, v in plan.hypers.items() if k != "lr"}
+        hypers = {k: (inputs[program.hypers[(plan.group, k)]] if k in plan.variable else v)
+                  for k, v in plan.hypers.items()}
         states = {state: inputs[var] for (name, state), var in program.states.items() if name == plan.name}
-        RULES[plan.rule](inputs[program.params[plan.name]], mean[plan.name], **states,
-                         lr=inputs[program.learning_rates[plan.group]], **hypers, **plan.flags)
+        RULES[plan.rule](inputs[program.params[plan.name]], mean[plan.name], **states, **hypers, **plan.flags)
+
+
+def _gradient_scale(program: Program, plans: list[ParamPlan], divisor: int,
+                    inputs: dict[Variable, Tensor]) -> float | Tensor:
+    """What the summed gradients are multiplied by: ``1 / (divisor * loss_scaling)`` (a
+    float32 scalar tensor when the loss scaling is a variable)."""
+    if program.loss_scaling is not None:
+        return 1.0 / (inputs[program.loss_scaling] * float(divisor))
+    return 1.0 / (divisor * (plans[0].loss_scaling if plans else 1.0))
+
+
+def _as_dtype(scale: float | Tensor, grad: Tensor) -> float | Tensor:
+    dtype = grad.spec.dtype
+    return scale if isinstance(scale, float) or scale.spec.dtype == dtype else cast(scale, dtype)

@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from ipuxl.errors import InvalidArgumentError
+from ipuxl.errors import ExecutorError, InvalidArgumentError
 from ipuxl.ir.context import user_source_line
 from ipuxl.optim.rules import StateSpec, state_specs
 from ipuxl.poptorch_compat import optim as poptorch_optim
@@ -40,7 +40,8 @@ from ipuxl.poptorch_compat.optim import (
     unwrapped_step,
 )
 
-__all__ = ["ParamPlan", "translate", "initial_state", "write_state", "SUPPORTED", "AttributeChecks"]
+__all__ = ["ParamPlan", "translate", "variable_hypers", "check_replacement", "initial_state", "write_state", "SUPPORTED",
+           "AttributeChecks", "UPSTREAM_ATTRIBUTE"]
 
 _LOG = logging.getLogger("poptorch::python")
 
@@ -54,6 +55,14 @@ _HYPERS = {"sgd": ("lr", "momentum", "dampening", "weight_decay"),
            "adam": ("lr", "beta1", "beta2", "eps", "weight_decay"),
            "lamb": ("lr", "beta1", "beta2", "eps", "weight_decay", "max_weight_norm"),
            "rmsprop": ("lr", "alpha", "eps", "weight_decay", "momentum")}
+# rules' hyperparameter -> PopTorch's optimizer attribute (``variable_attrs`` names)
+UPSTREAM_ATTRIBUTE = {"beta1": "betas", "beta2": "betas"}
+# torch.optim optimisers (no ``variable_attrs``): PopTorch's constness of each attribute by its
+# value: constant when it equals this (None: never constant; the string "always": always constant)
+_CONSTANT_WHEN: dict[str, Any] = {"lr": None, "weight_decay": 0.0, "momentum": 0.0, "dampening": 0.0, "eps": 1e-8,
+                                  "alpha": "always", "beta1": "always", "beta2": "always",
+                                  "max_weight_norm": LAMB_MAX_WEIGHT_NORM, "loss_scaling": 1.0}
+_ANY_VALUE = 1.0  # stands for a variable hyperparameter where only zero-ness matters (structural_hypers)
 _FLAGS = {"sgd": ("nesterov",), "adam": ("amsgrad", "bias_correction", "decoupled_weight_decay"),
           "lamb": ("bias_correction",), "rmsprop": ("centered",)}
 
@@ -78,6 +87,10 @@ class ParamPlan:
             parameters are scaled by ``max_grad_norm / max(norm, max_grad_norm)``
             (``norm``: their global L2 norm, after dividing out the loss scaling);
             ``inf``: no clipping. The same value in every plan of an optimiser.
+        variable: the hyperparameters (keys of ``hypers``, and ``"loss_scaling"``)
+            that are PopTorch's *variable* optimizer attributes: device variables of
+            the program, which ``setOptimizer`` writes without recompiling. The
+            others are constant: baked into the program (see :func:`variable_hypers`).
     """
 
     name: str
@@ -89,22 +102,25 @@ class ParamPlan:
     loss_scaling: float = 1.0
     grad_accum_dtype: torch.dtype | None = None
     max_grad_norm: float = INF
+    variable: frozenset[str] = frozenset({"lr"})
 
     def structure_key(self) -> tuple:
         """Hashable; equal for two plans iff a program built for one runs the other by only
         changing hyperparameter values (streamed/variable hyperparameters).
 
-        It holds the rule, the flags, the state dtypes, which hyperparameters are exactly
-        0 (a 0 switches a part of the rule off), whether there is loss scaling at all and
-        the gradient accumulation dtype. It does not hold the parameter's name, shape or
+        It holds the rule, the flags, the state dtypes, which hyperparameters are
+        variable, which constant ones are exactly 0 (a 0 switches a part of the rule
+        off), whether there is loss scaling at all, the gradient accumulation dtype and
+        ``max_grad_norm``. It does not hold the parameter's name, shape or
         dtype: compare plans of the same parameter (or add those yourself).
         """
         return (self.rule,
                 tuple(sorted(self.flags.items())),
                 tuple(sorted((k, str(v)) for k, v in self.state_dtypes.items())),
                 tuple(sorted(self.hypers)),
-                tuple(sorted(k for k, v in self.hypers.items() if v == 0)),
-                self.loss_scaling != 1.0,
+                tuple(sorted(self.variable)),
+                tuple(sorted(k for k, v in self.hypers.items() if v == 0 and k not in self.variable)),
+                "loss_scaling" in self.variable or self.loss_scaling != 1.0,
                 str(self.grad_accum_dtype),
                 self.max_grad_norm)
 
@@ -112,13 +128,19 @@ class ParamPlan:
         return hash((self.name, self.group, self.structure_key(), tuple(sorted(self.hypers.items())),
                      self.loss_scaling))
 
+    def structural_hypers(self) -> dict[str, float]:
+        """``hypers`` as they decide the rule's structure: a variable hyperparameter may
+        hold any value at run time, so its part of the rule is always built (a 0 held
+        by a variable gives the same numbers as the part left out)."""
+        return {k: (_ANY_VALUE if k in self.variable else v) for k, v in self.hypers.items()}
+
     def rule_kwargs(self) -> dict[str, Any]:
         """The rule's keyword options: ``RULES[plan.rule](w, g, **states, **plan.rule_kwargs())``."""
         return {**self.hypers, **self.flags}
 
     def state_specs(self, param: Any) -> dict[str, StateSpec]:
         """``rules.state_specs`` for ``param`` (anything with ``shape`` and ``dtype``) under this plan."""
-        return state_specs(self.rule, param, **self.hypers, **self.flags, **self.state_dtypes)
+        return state_specs(self.rule, param, **self.structural_hypers(), **self.flags, **self.state_dtypes)
 
 
 def _error(what: str, fix: str) -> InvalidArgumentError:
@@ -218,6 +240,8 @@ def translate(optimizer: torch.optim.Optimizer, names: Mapping[Any, str]) -> lis
     seen: dict[int, int] = {}
     for gi, group in enumerate(optimizer.param_groups):
         hypers, flags, ls, accum = _group_plan(optimizer, rule, group, gi)
+        variable = variable_hypers(optimizer, hypers, ls, decoupled=flags.get("decoupled_weight_decay", False))
+        structural = {k: (_ANY_VALUE if k in variable else v) for k, v in hypers.items()}
         explicit = explicit_state_dtypes(group, rule)
         for pi, p in enumerate(group["params"]):
             if id(p) in seen:
@@ -232,12 +256,91 @@ def translate(optimizer: torch.optim.Optimizer, names: Mapping[Any, str]) -> lis
             if not p.is_floating_point():
                 raise _error(f"parameter '{by_id[id(p)]}' has dtype {p.dtype}; only real floating-point "
                              "parameters can be optimised", "use float16/float32 parameters")
-            used = state_specs(rule, p, **hypers, **flags)
+            used = state_specs(rule, p, **structural, **flags)
             dtypes = {f"{s}_dtype": d for s, d in explicit.items() if s in used and d != p.dtype}
             plans.append(ParamPlan(by_id[id(p)], gi, rule, dict(hypers), dict(flags), dtypes, ls,
                                    None if accum in (None, p.dtype) else accum,
-                                   float(group.get("max_grad_norm", INF))))
+                                   float(group.get("max_grad_norm", INF)), variable))
     return plans
+
+
+def variable_hypers(optimizer: Any, hypers: Mapping[str, float], loss_scaling: float, *,
+                    decoupled: bool = False) -> frozenset[str]:
+    """The hyperparameters of one param group (``hypers``, by the rules' names, and
+    ``"loss_scaling"``) that are PopTorch's variable optimizer attributes.
+
+    As upstream: an optimiser with ``variable_attrs`` (``ipuxl.optim``'s) says itself
+    (``isConstant``; ``betas`` covers ``beta1`` and ``beta2``). For a ``torch.optim``
+    optimiser the value decides: ``lr`` is always variable; ``alpha`` and ``betas`` are
+    always constant; ``weight_decay`` (AdamW, and Adam with ``decoupled`` weight decay,
+    which is AdamW: 0.01; else 0), ``momentum`` (0),
+    ``dampening`` (0), ``eps`` (1e-8) and ``loss_scaling`` (1.0) are constant at
+    those default values and variable at any other.
+    """
+    marks = getattr(optimizer, "variable_attrs", None)
+    values = {**hypers, "loss_scaling": loss_scaling}
+    if isinstance(marks, poptorch_optim.VariableAttributes):
+        return frozenset(k for k in values if not marks.isConstant(UPSTREAM_ATTRIBUTE.get(k, k)))
+    found = set()
+    for key, value in values.items():
+        constant_at = _CONSTANT_WHEN[key]
+        if key == "weight_decay" and (decoupled or isinstance(optimizer, torch.optim.AdamW)):
+            constant_at = 1e-2
+        if constant_at is None or (constant_at != "always" and value != constant_at):
+            found.add(key)
+    return frozenset(found)
+
+
+# rules' hyperparameter -> PopART's name for it in its optimizer-replacement errors
+_POPART_LABEL = {"lr": "learning rates", "weight_decay": "weight decays", "momentum": "momentums",
+                 "dampening": "dampenings", "eps": "eps", "alpha": "alphas", "beta1": "beta1s", "beta2": "beta2s",
+                 "max_weight_norm": "max weight norms", "loss_scaling": "loss scaling"}
+
+
+def check_replacement(compiled: list[ParamPlan], new: list[ParamPlan]) -> None:
+    """Refuse, as PopTorch does, a ``setOptimizer`` optimiser that changes what the
+    compiled program holds constant: a constant attribute's value, an attribute's
+    constness (variable <-> constant), or ``max_grad_norm``. Parameters the two
+    optimisers do not share, or whose rule or flags differ (another optimiser type),
+    are not checked: ipuxl recompiles for those, as for other state dtypes.
+
+    Raises:
+        ExecutorError: PopART's message (``Problem with <attribute>. Values are constant
+            but do not match.`` / ``Can not replace a constant value with a non constant
+            value.``), with the param group, the values and the fix.
+    """
+    old_by_name = {plan.name: plan for plan in compiled}
+    for plan in new:
+        old = old_by_name.get(plan.name)
+        if old is None or old.rule != plan.rule or old.flags != plan.flags:
+            continue  # another optimiser type (Adam -> AdamW...) or flag: recompiled, not checked
+        if old.max_grad_norm != plan.max_grad_norm:
+            raise ExecutorError(f"setOptimizer: Clip norm settings do not match: the program was compiled with "
+                                f"max_grad_norm={old.max_grad_norm}, got {plan.max_grad_norm}",
+                                where=user_source_line(),
+                                fix="keep max_grad_norm as compiled (it is a constant optimizer attribute), or "
+                                    "destroy() the model and wrap it again with the new optimizer")
+        _check_values(old, plan, {**old.hypers, "loss_scaling": old.loss_scaling},
+                      {**plan.hypers, "loss_scaling": plan.loss_scaling})
+
+
+def _check_values(old: ParamPlan, new: ParamPlan, before: dict[str, float], after: dict[str, float]) -> None:
+    for key in sorted(before.keys() & after.keys()):
+        was, now = key in old.variable, key in new.variable
+        attr = UPSTREAM_ATTRIBUTE.get(key, key)
+        where = "" if key == "loss_scaling" else f" (param group {new.group})"
+        fix = (f"mark '{attr}' variable before wrapping the model (optimizer.variable_attrs.markAsVariable"
+               f"('{attr}') before trainingModel, or pass it to an ipuxl.optim optimizer's constructor; a "
+               f"torch.optim optimizer's '{attr}' is variable when not at its default value), then change it")
+        if was != now:
+            states = ("variable", "constant") if was else ("constant", "variable")
+            raise ExecutorError(f"setOptimizer: Problem with {_POPART_LABEL[key]}{where}. Can not replace a constant "
+                                f"value with a non constant value: '{attr}' was {states[0]} when the model was "
+                                f"compiled, the new optimizer makes it {states[1]}", where=user_source_line(), fix=fix)
+        if not was and before[key] != after[key]:
+            raise ExecutorError(f"setOptimizer: Problem with {_POPART_LABEL[key]}{where}. Values are constant but "
+                                f"do not match: the program was compiled with {key}={before[key]}, got {after[key]}",
+                                where=user_source_line(), fix=fix)
 
 
 def _check_global_extras(optimizer: torch.optim.Optimizer) -> None:

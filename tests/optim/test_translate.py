@@ -89,7 +89,7 @@ def test_poptorch_style_plans_honour_extras():
     assert adamw.flags == {"amsgrad": True, "bias_correction": False, "decoupled_weight_decay": True}
     assert adamw.state_dtypes == {"second_order_dtype": torch.float16, "max_second_order_dtype": torch.float16}
     # float32 accum types for float32 weights are the default: nothing to record in the plan
-    assert translate(ts.Adam(net.parameters(), first_order_momentum_accum_type=torch.float32), names)[0] \
+    assert translate(ts.Adam(net.parameters(), lr=1e-3, first_order_momentum_accum_type=torch.float32), names)[0] \
         .structure_key() == translate(torch.optim.Adam(net.parameters()), names)[0].structure_key()
     sgd = translate(ts.SGD(net.parameters(), lr=0.1, momentum=0.9, velocity_accum_type=torch.float16), names)[0]
     assert sgd.state_dtypes == {"momentum_buffer_dtype": torch.float16}

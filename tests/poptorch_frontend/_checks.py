@@ -57,3 +57,37 @@ def sgd_steps_like_eager(model, inputs: tuple, steps: int, lr: float, tol: dict)
         torch.testing.assert_close(out, ref_out.detach(), **tol)
         torch.testing.assert_close(loss, ref_loss.detach(), **tol)
     return training, ref
+
+
+def tanh_mlp():
+    """A 6-8-3 MLP with tanh that returns ``(logits, cross-entropy loss)``."""
+    import torch
+    import torch.nn as nn
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(6, 8)
+            self.fc2 = nn.Linear(8, 3)
+
+        def forward(self, x, y):
+            out = self.fc2(torch.tanh(self.fc1(x)))
+            return out, nn.functional.cross_entropy(out, y)
+
+    return MLP()
+
+
+def eager_micro_steps(model, opt, x, y, micro: int) -> None:
+    """One eager optimiser step per ``micro``-sample slice of ``(x, y)`` (a model returning ``(out, loss)``)."""
+    for xs, ys in zip(x.split(micro), y.split(micro)):
+        opt.zero_grad()
+        model(xs, ys)[1].backward()
+        opt.step()
+
+
+def mlp_data(seed: int, samples: int):
+    """``samples`` inputs for ``tanh_mlp`` and their class labels, from generator seed ``seed``."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(samples, 6, generator=g), torch.randint(0, 3, (samples,), generator=g)

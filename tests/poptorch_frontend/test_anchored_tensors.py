@@ -179,7 +179,10 @@ def test_iterations_accumulation_and_replicas_together(outline: bool) -> None:
         torch.testing.assert_close(got[0][short], torch.cat([t for t in seen[short] for _ in range(2)]), **TOL)
 
 
-def test_loss_scaling_is_in_the_gradient_not_in_the_accumulated_one() -> None:
+@pytest.mark.parametrize("new_scaling", [None, 32.0])
+def test_loss_scaling_is_in_the_gradient_not_in_the_accumulated_one(new_scaling: float | None) -> None:
+    """Also after setOptimizer changes it (loss_scaling passed to the constructor is a
+    variable attribute, written to the device without recompiling)."""
     opts = Options()
     opts.anchorTensor("grad", NAMES["grad"])
     opts.anchorTensor("accum", NAMES["accum"])
@@ -188,11 +191,17 @@ def test_loss_scaling_is_in_the_gradient_not_in_the_accumulated_one() -> None:
     reference = copy.deepcopy(model)
     optimizer = ipuxl.optim.SGD(model.parameters(), lr=0.1, loss_scaling=8.0)
     training = ipuxl.trainingModel(model, opts, optimizer=optimizer)
-    x, y = _data(MICRO)
-    training(x, y)
-    seen = _eager_steps(reference, x, y, 1, 1, 1)
-    torch.testing.assert_close(training.getAnchoredTensor("grad"), 8.0 * seen["grad"][0], **TOL)
-    torch.testing.assert_close(training.getAnchoredTensor("accum"), seen["accum"][0], **TOL)
+    x, y = _data(2 * MICRO)
+    training(x[:MICRO], y[:MICRO])
+    if new_scaling is not None:
+        optimizer.loss_scaling = new_scaling
+        training.setOptimizer(optimizer)
+    training(x[MICRO:], y[MICRO:])
+    seen = _eager_steps(reference, x, y, 2, 1, 1)
+    assert training.compile_count == 1
+    scaling = new_scaling or 8.0
+    torch.testing.assert_close(training.getAnchoredTensor("grad"), scaling * seen["grad"][1], **TOL)
+    torch.testing.assert_close(training.getAnchoredTensor("accum"), seen["accum"][1], **TOL)
 
 
 def test_loss_argument_keeps_upstream_names() -> None:

@@ -203,14 +203,30 @@ def test_set_optimizer_with_a_new_structure_recompiles_and_keeps_state():
     x, y = make_data(8)
     training(x, y)
     eager_steps(ref, ref_opt, x, y, 4)
-    new = torch.optim.Adam(model.parameters(), lr=0.01)
-    for group in new.param_groups + ref_opt.param_groups:
-        group["weight_decay"] = 0.1  # a weight decay term changes the program: recompile
+    # another optimiser type (PopTorch refuses it once compiled): ipuxl recompiles,
+    # keeping the weights and the Adam moments AdamW shares
+    new = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+    new.load_state_dict(ref_opt.state_dict() | {"param_groups": new.state_dict()["param_groups"]})
+    ref_new = torch.optim.AdamW(ref.parameters(), lr=0.01, weight_decay=0.1)
+    ref_new.load_state_dict(ref_opt.state_dict() | {"param_groups": ref_new.state_dict()["param_groups"]})
     training.setOptimizer(new)
     training(x, y)
-    eager_steps(ref, ref_opt, x, y, 4)
+    eager_steps(ref, ref_new, x, y, 4)
     assert training.compile_count == 2
     assert_same_weights(model, ref, rtol=1e-4, atol=1e-6)
+
+
+def test_set_optimizer_refuses_a_changed_constant_attribute():
+    """torch.optim.Adam's default weight decay (0) is a constant attribute: changing it
+    after compiling is refused as PopTorch refuses it, and the model stays as it was."""
+    model = MLP()
+    training = ipuxl.trainingModel(model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01))
+    x, y = make_data(4)
+    training(x, y)
+    new = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=0.1)
+    with pytest.raises(ipuxl.errors.ExecutorError, match="Problem with weight decays"):
+        training.setOptimizer(new)
+    assert training.compile_count == 1
 
 
 def test_optimizer_state_reaches_the_host_optimizer():
