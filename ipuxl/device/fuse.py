@@ -29,11 +29,6 @@ kernel's own (the same windows scanned in the same order: bit for bit what the N
 kernel gives, NaNs and ties included), so everything downstream, the backward's
 ``max_pool2d_with_indices_backward`` included, is unchanged.
 
-5. Grouped convolutions (``groups > 1``: depthwise, grouped) and their backward run in
-the memory layout measured faster for their configuration on the first call
-(``kernels.conv_layout``): channels-last where it is clearly faster, NCHW otherwise;
-results equal the NCHW kernel's up to rounding (the sums' order).
-
 Preconditions: a lowered fx graph (calls of single-site graphs already inlined, so
 the gradient's matmul and its update sit in one graph). The matmul's result must
 have no other user.
@@ -48,7 +43,7 @@ import torch.fx as fx
 from ipuxl.device.dce import pure
 from ipuxl.ir.aliases import writes
 from ipuxl.ir.meta import OP, SOURCE
-from ipuxl.kernels import conv_layout, var_updates
+from ipuxl.kernels import var_updates
 from ipuxl.kernels.random import DIRECT_CALLS
 
 __all__ = ["fuse_matmul_updates", "fold_inverse_transposes", "fuse_adam_updates", "fuse_adam_steps",
@@ -340,13 +335,7 @@ def max_pool2d_with_indices(x: torch.Tensor, kernel_size: Any, stride: Any = (),
     return _aten.max_pool2d_with_indices.default(x, kernel_size, stride, padding, dilation, ceil_mode)
 
 
-_KERNELS: dict[Any, Callable[..., Any]] = {
-    _aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
-    _aten.convolution.default: conv_layout.convolution,
-    _aten.convolution_backward.default: conv_layout.convolution_backward,
-}
-pure(conv_layout.convolution)
-pure(conv_layout.convolution_backward)
+_KERNELS: dict[Any, Callable[..., Any]] = {_aten.max_pool2d_with_indices.default: max_pool2d_with_indices}
 
 
 def select_kernels(graph: fx.Graph) -> bool:
