@@ -622,7 +622,10 @@ def _trace_joint(graph: Graph, provided: list[Tensor], required: list[Tensor],
         # with has_aux, vjp returns (outputs, vjp_fn, aux); torch's annotation knows only the pair
         vjp = torch.func.vjp(f, *[primals[i] for i in req_idx], has_aux=True)
         _, vjp_fn, all_outs = cast(tuple[Any, Callable[..., tuple], tuple], vjp)
-        grads = vjp_fn(tuple(tangents)) if req_idx else ()
+        # create_graph=False: the backward runs with grad mode off, as eager's does, so
+        # autograd picks its fused backward kernels (silu_backward, not the twice-
+        # differentiable composite it uses when a graph of the backward is kept)
+        grads = vjp_fn(tuple(tangents), create_graph=False) if req_idx else ()
         return (*all_outs, *grads)
 
     primals = [torch.zeros(t.shape, dtype=t.spec.dtype) for t in graph.inputs]

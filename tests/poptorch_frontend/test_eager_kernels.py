@@ -146,6 +146,19 @@ def test_a_batched_matmul_by_a_trained_matrix_is_folded():
     assert "bmm" not in program_code(training)
 
 
+# -- the backward runs eager's backward kernels --------------------------------------------------
+@pytest.mark.parametrize("activation, kernel", [(nn.SiLU, "silu_backward"), (nn.Mish, "mish_backward")])
+def test_activation_backward_is_the_fused_kernel_eager_runs(activation, kernel):
+    """Autograd formulas pick a composite of small ops when the backward itself is being
+    differentiated (grad mode on); eager's backward, and ipuxl's, run the fused kernel."""
+    torch.manual_seed(6)
+    net = nn.Sequential(nn.Linear(6, 8), activation(), nn.Linear(8, 3))
+    x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
+    training, model, ref = train_both(net, x, y)
+    assert_same_state(model, ref)
+    assert kernel in program_code(training)
+
+
 # -- saved views of inputs are recomputed, not copied ---------------------------------------------
 def test_transposed_weights_are_not_copied_for_the_backward():
     torch.manual_seed(4)
