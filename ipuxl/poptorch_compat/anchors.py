@@ -35,7 +35,7 @@ from ipuxl.ir.context import user_source_line
 from ipuxl.ir.streams import DeviceToHostStream, d2h_stream
 from ipuxl.ir.tensor import Tensor
 from ipuxl.ops import host_store
-from ipuxl.poptorch_compat.batching import reduce_outputs
+from ipuxl.poptorch_compat.batching import local_replica_range, reduce_outputs
 from ipuxl.poptorch_compat.options import Options, OutputMode
 
 if TYPE_CHECKING:
@@ -191,13 +191,15 @@ def _unknown(request: AnchorRequest, valid: list[str], training: bool) -> Anchor
 
 
 def gather_anchors(streams: AnchorStreams, options: Options, results: dict[Any, np.ndarray]) -> dict[str, torch.Tensor]:
-    """Each anchor's values of the call, reduced per its output mode (see the module docstring)."""
+    """Each anchor's values of the call, reduced per its output mode (see the module
+    docstring); under torchrun, those of this process's replicas, as outputs are."""
     n, replicas = options.device_iterations, options.replication_factor
+    first, last = local_replica_range(options)
     found: dict[str, torch.Tensor] = {}
     for a in streams.anchors:
         shape = a.streams[0].shape
-        per = torch.stack([torch.from_numpy(np.asarray(results[s])).reshape(n, replicas, *shape)
-                           for s in a.streams], 1)  # (n, micro-batches, R, *shape)
-        seq = per.reshape(n * len(a.streams), replicas, *shape).to(a.streams[0].dtype.as_torch())
+        per = torch.stack([torch.from_numpy(np.asarray(results[s])).reshape(n, replicas, *shape)[:, first:last]
+                           for s in a.streams], 1)  # (n, micro-batches, local replicas, *shape)
+        seq = per.reshape(n * len(a.streams), last - first, *shape).to(a.streams[0].dtype.as_torch())
         found[a.request.short_name] = reduce_outputs([seq], a.request.mode, a.request.period)[0].clone()
     return found

@@ -39,7 +39,7 @@ from ipuxl.poptorch_compat.enums import CommGroupType
 from ipuxl.poptorch_compat.options import Options, OutputMode
 from ipuxl.poptorch_compat.program import Program
 
-__all__ = ["MicroBatch", "SplitBatch", "split_batch", "example_call", "describe", "replicas_here", "gather_outputs",
+__all__ = ["local_replica_range", "MicroBatch", "SplitBatch", "split_batch", "example_call", "describe", "replicas_here", "gather_outputs",
            "update_inputs", "reduce_outputs", "replica_groups"]
 
 # a device run's results: the data of every device-to-host stream
@@ -97,8 +97,8 @@ def replicas_here(options: Options) -> int:
     return options.replicas_per_process()
 
 
-def _local_replica_range(options: Options) -> tuple[int, int]:
-    """[first, last) global indices of the replicas this process runs."""
+def local_replica_range(options: Options) -> tuple[int, int]:
+    """[first, last) global indices of the replicas this process runs (all of them unless under torchrun)."""
     replicas = replicas_here(options)
     rank = world()[1]
     return rank * replicas, (rank + 1) * replicas
@@ -115,7 +115,7 @@ def replica_groups(options: Options) -> list[int]:
     """
     replicas, size, kind = options.replication_factor, options.input_group_size, options.input_group_type
     if size == 1:
-        return list(range(*_local_replica_range(options)))
+        return list(range(*local_replica_range(options)))
     setting = f"Options.inputReplicaGrouping({size}, CommGroupType.{kind.name})"
     if kind == CommGroupType.NoGrouping or replicas % size:
         raise OptionsError(
@@ -239,7 +239,7 @@ def describe(key: tuple | None) -> str:
 def _per_micro_batch(options: Options, results: Results, streams: list[Any]) -> torch.Tensor:
     """One output's results of this process's replicas: ``(n, G, local replicas, *shape)``."""
     n, replicas = options.device_iterations, options.replication_factor
-    first, last = _local_replica_range(options)
+    first, last = local_replica_range(options)
     # as_torch: host data of a dtype numpy lacks (bfloat16) comes back in a wider one
     return torch.stack([torch.from_numpy(results[s]).reshape(n, replicas, *s.shape)[:, first:last]
                         for s in streams], 1).to(streams[0].dtype.as_torch())

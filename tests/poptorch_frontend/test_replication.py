@@ -315,12 +315,14 @@ rank = int(__import__("os").environ["RANK"])
 model = MLP()
 model.load_state_dict(data["init"])
 opts = Options().deviceIterations(3).replicationFactor(4).outputMode(OutputMode.All)
+opts.anchorTensor("grad", "Gradient___fc2.bias")
 training = ipuxl.trainingModel(model, opts, optimizer=torch.optim.Adam(model.parameters(), lr=0.01))
 x, y = data["x"], data["y"]  # (steps, replicas, micro, ...): this process feeds its 2 replicas
 local = lambda t: t[:, 2 * rank:2 * rank + 2].reshape(-1, *t.shape[3:])
 for _ in range(2):
     out, losses = training(local(x), local(y))
-torch.save(dict(state=model.state_dict(), out=out, losses=losses), {out!r}.format(rank))
+torch.save(dict(state=model.state_dict(), out=out, losses=losses, grad=training.getAnchoredTensor("grad")),
+           {out!r}.format(rank))
 """
 
 
@@ -332,9 +334,11 @@ def test_torchrun_two_processes_equal_the_in_process_run(tmp_path):
     n, r, micro = 3, 4, 2
     x, y = make_data(n * r * micro)
     opts = Options().deviceIterations(n).replicationFactor(r).outputMode(OutputMode.All)
+    opts.anchorTensor("grad", "Gradient___fc2.bias")
     training = ipuxl.trainingModel(model, opts, optimizer=torch.optim.Adam(model.parameters(), lr=0.01))
     for _ in range(2):
         out, losses = training(x, y)
+    grad = training.getAnchoredTensor("grad")  # (n * r * 5,): iterations, then replicas, concatenated
     torch.save(dict(init=init, x=x.reshape(n, r, micro, -1), y=y.reshape(n, r, micro)), tmp_path / "data.pt")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     script = tmp_path / "run.py"
@@ -359,4 +363,7 @@ def test_torchrun_two_processes_equal_the_in_process_run(tmp_path):
         torch.testing.assert_close(got["out"], out.reshape(n, r, micro, 5)[:, 2 * rank:2 * rank + 2].reshape(-1, 5),
                                    rtol=0, atol=0)
         torch.testing.assert_close(got["losses"], losses.reshape(n, r)[:, 2 * rank:2 * rank + 2].reshape(-1),
+                                   rtol=0, atol=0)
+        # an anchored tensor (getAnchoredTensor) holds this process's replicas too, as outputs do
+        torch.testing.assert_close(got["grad"], grad.reshape(n, r, 5)[:, 2 * rank:2 * rank + 2].reshape(-1),
                                    rtol=0, atol=0)
