@@ -7,10 +7,14 @@ Algorithm:
 
 1. Lower the forward graph to a callable and trace the *joint* function
    ``(primals, tangents) -> (all forward outputs, grads of grads_required)`` with
-   ``make_fx`` over ``torch.func.vjp`` (fake tensors: no data is computed).
+   ``make_fx`` over ``torch.func.vjp`` (fake tensors: no data is computed). The
+   backward is traced with grad mode off (``create_graph=False``), as eager runs it,
+   so autograd's formulas pick their fused kernels (``silu_backward``...).
 2. Tag every joint node forward (an ancestor of a forward output) or backward, so
    functorch's ``default_partition`` splits there instead of recomputing the
-   forward in the backward (see the DESIGN note on ``partitioner_tag``).
+   forward in the backward (see the DESIGN note on ``partitioner_tag``). Views of
+   the graph's inputs that the backward reads (``t(weight)``) are the exception: they
+   are recomputed in the backward from the saved input (``_recompute_input_views``).
 3. Partition into forward-with-saved-activations and backward graphs.
 4. Rewrite the forward IR graph with the partitioned forward
    (``Graph.replace_body``): its inputs and existing outputs keep their positions
