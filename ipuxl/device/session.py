@@ -49,6 +49,7 @@ from ipuxl.errors import (
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.graph import Graph, identifier
 from ipuxl.ir.ir import Ir, VariableRecord
+from ipuxl.device.layout import needs_padding, padded_like, paddable_attrs
 from ipuxl.device.host_memory import keep_freed_memory
 from ipuxl.device.failures import StepFailure, step_error, transfer_in_progress
 from ipuxl.device.replicas import Communicator, ensure_process_group, run_replicas
@@ -134,6 +135,7 @@ class Session:
         self._io_index = {s: i for i, s in enumerate(self._streams)}
         self._takes_io = does_host_io(ir.main_graph)
         self._program = self._compile(ir.main_graph, self._device_vars)
+        self._pad_matrices(bound={_attr_of(t) for t in storage or {}})
         self._modules = [self._program] + [self._replica_program(v) for v in self._replica_vars[1:]]
         self._forwards = [m.forward for m in self._modules]
         self._h2d = [s for s in self._streams if isinstance(s, HostToDeviceStream)]
@@ -153,6 +155,29 @@ class Session:
         # the Python code is generated once, after the rewrites
         module = torch.fx.GraphModule(root, code, class_name=identifier(f"ipuxl.{graph.name}"))
         return module.to(self.device)
+
+    def _pad_matrices(self, bound: set[str]) -> None:
+        """Keep matmul weights whose rows alias in the cache in padded rows (``device.layout``).
+
+        Only variables the session owns (not ``storage=`` ones), used by nothing but
+        matmuls, transposes and in-place updates, and read by no other module attribute.
+        """
+        candidates = {attr for attr, t in self._device_vars.items() if attr not in bound and needs_padding(t)}
+        if not candidates:
+            return
+        modules = [self._program, *(c.module for c in self._compiled.values())]
+        held = [t for m in modules for name, t in m.named_buffers() if not (m is self._program and name in candidates)]
+        candidates = {a for a in candidates if not any(t is self._device_vars[a] for t in held)}
+        for attr in paddable_attrs(self._program, candidates, self._callee_module):
+            for variables in self._replica_vars:
+                variables[attr] = padded_like(variables[attr])
+            setattr(self._program, attr, self._device_vars[attr])
+
+    def _callee_module(self, fn: Any) -> tuple[torch.fx.GraphModule, int] | None:
+        """The compiled module a call in generated code runs, and its loop-carried inputs."""
+        graph = getattr(fn, "ipuxl_graph", None)
+        compiled = self._compiled.get(graph) if graph is not None else None
+        return None if compiled is None else (compiled.module, int(getattr(fn, "ipuxl_carried", 0)))
 
     def _replica_program(self, variables: dict[str, torch.Tensor]) -> torch.fx.GraphModule:
         """The main program again, reading and updating another replica's variables."""

@@ -280,6 +280,7 @@ def _lower_call(new: fx.Graph, node: fx.Node, env: dict, callee_fn: CalleeFn, io
     if is_repeat(node):
         name = cast(RepeatTarget, node.target).__name__
         fn = _named(_repeat_fn(fn, repeat_count(node), len(called.outputs), with_io), name)
+        fn.ipuxl_graph, fn.ipuxl_carried = called, len(called.outputs)  # type: ignore[attr-defined]
     if with_io:
         assert io is not None and io.arg is not None, "a caller of a graph with host IO takes the cursors"
         args = [io.arg, *args]
@@ -315,5 +316,8 @@ def _named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
 
 def compiled_callee(graph: "Graph", forward: Callable[..., Any]) -> Callable[..., Any]:
     """The function call sites of ``graph`` refer to: one per graph, so generated code
-    calls the same ``ipuxl_compiled_call_<graph>`` from every site."""
-    return _named(forward, identifier(f"call_{graph.name}"))
+    calls the same ``ipuxl_compiled_call_<graph>`` from every site. Its ``ipuxl_graph``
+    is ``graph`` and ``ipuxl_carried`` 0 (a repeat's function: its loop-carried inputs)."""
+    call = _named(forward, identifier(f"call_{graph.name}"))
+    call.ipuxl_graph, call.ipuxl_carried = graph, 0  # type: ignore[attr-defined]
+    return call

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 __all__ = [
     "NAME", "ROLE", "BY_REF", "STREAM", "OP", "OP_ID", "SOURCE", "IN_SEQUENCE", "MODIFIES", "VIEW_OF", "WRITES",
-    "CALLED_GRAPH", "BY_REF_ARGS", "OUTLINED", "NEGATED", "META_SHAPE", "Role", "COLLECTIVE_OPS",
+    "CALLED_GRAPH", "BY_REF_ARGS", "OUTLINED", "NEGATED", "META_SHAPE", "IPU", "PIPELINE_STAGE", "REMOTE",
+    "Role", "COLLECTIVE_OPS",
 ]
 
 NAME = "ipuxl_name"
@@ -62,6 +63,14 @@ NEGATED = "ipuxl_negated"
 """Cache of ``optim.rules``: the node holding a value's negation, and where it was made."""
 META_SHAPE = "ipuxl_meta_shape"
 """On collective ops: the shape of the tensor before replication-dependent reshaping."""
+IPU = "ipuxl_ipu"
+"""On ops and variables: the IPU (PopART's virtual graph id, ``int``) they are placed on
+(``popxl.ipu(n)``, PopTorch's ``Block``/``BeginBlock``); absent means IPU 0."""
+PIPELINE_STAGE = "ipuxl_pipeline_stage"
+"""On ops: the pipeline stage (``int``) they belong to (PopTorch ``Stage``, popxl.addons
+``pipeline.stage(i)``); absent means no pipelining."""
+REMOTE = "ipuxl_remote"
+"""On variables and remote ops: the remote buffer (Streaming Memory) they live in or access."""
 
 
 class Role:
