@@ -37,7 +37,12 @@ from ipuxl.ir import (
     Variable, d2h_stream, gcg, get_current_graph, h2d_stream, in_sequence,
 )
 from ipuxl.ir.context import replica_grouping
+from ipuxl.ir.placement import io_tiles, ipu
 from ipuxl.ir.graph_builder import Module, constant, graph_input, variable
+from ipuxl.ir.remote import (  # #17: Streaming Memory and replicated tensor sharding
+    RemoteBuffer, ReplicatedTensorSharding, TensorLocation, TensorStorage, remote_buffer,
+    remote_replica_sharded_variable, remote_variable, replica_sharded_buffer, replica_sharded_variable,
+)
 from ipuxl.ops.random import create_seeds
 from ipuxl.lazy import lazy_names
 
@@ -81,4 +86,7 @@ __all__ = [
     "gmg", "get_main_graph", "gir", "get_ir", "name_scope",
     "AnchorMode", "Options", "OutputMode", "DataLoader", "DataLoaderMode", "PoplarExecutor", "identity_loss",
     "inferenceModel", "trainingModel",
+    "ipu", "io_tiles",
+    "RemoteBuffer", "remote_buffer", "replica_sharded_buffer", "remote_variable", "remote_replica_sharded_variable",
+    "replica_sharded_variable", "TensorLocation", "TensorStorage", "ReplicatedTensorSharding",
 ]

@@ -26,6 +26,7 @@ __all__ = [
     "DetachedError",
     "BatchSizeError",
     "DataError",
+    "DataFileError",
     "OptionsError",
     "FrozenOptionsError",
     "AlreadyWrappedError",
@@ -50,6 +51,7 @@ __all__ = [
     "ExecutorError",
     "OfflineDeviceError",
     "AnchorError",
+    "PlacementError",
 ]
 
 
@@ -138,6 +140,11 @@ class ShapeMismatchError(CaptureError, ValueError):
 
 class InvalidArgumentError(CaptureError, TypeError):
     """An argument has a type that the API cannot accept."""
+
+
+class PlacementError(CaptureError, ValueError):
+    """An op reads a tensor that lives on another IPU without an ``ipu_copy`` (PopART
+    refuses such a program), or an IPU id is not valid."""
 
 
 class InvalidValueError(CaptureError, ValueError):
@@ -316,6 +323,11 @@ class CompatImportError(IpuxlError, ModuleNotFoundError):
 # -- data -------------------------------------------------------------------------
 class DataError(IpuxlError, FileNotFoundError):
     """A dataset could not be found where it was looked for."""
+
+
+class DataFileError(IpuxlError, ValueError):
+    """A dataset file was found but cannot be read: corrupt, truncated, or images and
+    labels that do not match."""
 
 
 # -- an ipuxl error that is also the built-in type eager PyTorch raised -------------------

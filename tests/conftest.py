@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -9,6 +10,11 @@ from types import ModuleType
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# A captured model's memory format is chosen by timing eager steps (poptorch_compat.memory_format),
+# so it could change with the machine's load; tests fix it to NCHW unless they set it themselves
+# (tests/poptorch_frontend/test_memory_format.py). IPUXL_CHANNELS_LAST=1 runs the suite channels-last.
+os.environ.setdefault("IPUXL_CHANNELS_LAST", "0")
 
 
 def load_example(name: str) -> ModuleType:

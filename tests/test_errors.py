@@ -56,6 +56,8 @@ HIERARCHY = [
     (errors.UnsupportedError, IpuxlError, (NotImplementedError, RuntimeError)),
     (errors.CheckpointError, IpuxlError, (ValueError,)),
     (errors.CompatImportError, IpuxlError, (ModuleNotFoundError, ImportError)),
+    (errors.PlacementError, CaptureError, (ValueError,)),
+    (errors.DataFileError, IpuxlError, (ValueError,)),
     # PopTorch's error classes (``poptorch.Error`` is ``PoptorchError``)
     (errors.PoptorchError, IpuxlError, ()),
     (errors.RecoverableError, errors.PoptorchError, ()),

@@ -25,6 +25,10 @@ IPUXL = [
     "name_scope", "ops", "optim", "replica_grouping", "tensor", "trainingModel", "transforms", "uint16", "uint32",
     "uint64", "uint8", "utils", "variable"
 ]
+IPUXL = sorted(IPUXL + [  # #17 Streaming Memory and sharding, #18 placement
+    "RemoteBuffer", "ReplicatedTensorSharding", "TensorLocation", "TensorStorage", "io_tiles", "ipu", "remote_buffer",
+    "remote_replica_sharded_variable", "remote_variable", "replica_sharded_buffer", "replica_sharded_variable",
+])
 
 OPS = [
     "CallSiteInfo", "ConditionalSiteInfo", "PadType", "abs", "add", "add_", "argmax", "argmin", "average_pool",
@@ -43,6 +47,7 @@ OPS = [
     "subsample", "sum", "sumsquare", "swish", "swish_", "tanh", "tied_gather", "topk", "transpose", "transpose_",
     "unsqueeze", "var_updates", "where"
 ]
+OPS = sorted(OPS + ["io_tile_copy", "ipu_copy", "remote_code_load", "remote_load", "remote_load_", "remote_store"])
 
 TRANSFORMS = ["ExpectedConnection", "ExpectedConnectionType", "GradGraphInfo", "autodiff"]
 
@@ -53,6 +58,10 @@ ADDONS = [
     "autodiff_with_accumulation", "cross_entropy", "cross_entropy_with_grad", "host_load", "host_store", "layers",
     "named_replica_grouping", "ops", "optimizers", "seed_variable", "to_mapping", "transforms"
 ]
+ADDONS = sorted(ADDONS + [  # #17: Streaming Memory, RTS, batch serialisation
+    "NamedRemoteBuffers", "batch_serial_buffer", "batch_serialise", "batch_serialise_fwd_and_grad",
+    "load_remote_graph", "named_variable_buffers", "pipelined_execution", "remote", "rts", "store_remote_graph",
+])
 
 OPTIM = [
     "Adam", "AdamUpdate", "AdamW", "AdamWUpdate", "LAMB", "LAMBUpdate", "RMSprop", "RMSpropUpdate", "SGD",

@@ -1,8 +1,11 @@
 """The README's first lines are the two commands, and its Python example runs."""
 from __future__ import annotations
 
+import importlib.metadata
 import re
+import sys
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
@@ -13,10 +16,42 @@ from conftest import ROOT
 def test_readme_starts_with_the_two_commands():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert lines[0] == "```bash"
-    assert "python examples/popxl_mnist.py" in lines[1]
-    assert "python -m pytest tests" in lines[2]
+    assert lines[1].startswith("pip install -e . && ") and "python examples/popxl_mnist.py" in lines[1]
+    assert lines[2].startswith('pip install -e ".[test]" && ') and "python -m pytest tests" in lines[2]
+    assert "torch" not in lines[1] + lines[2]  # one install, the one setup.py declares: no torch pip undoes
     ci = (ROOT / ".ci" / "run").read_text()
-    assert lines[2].split("&& ")[-1] in ci
+    assert lines[2] in ci.splitlines()  # CI runs exactly the README's test command
+
+
+def _install_requires(monkeypatch: pytest.MonkeyPatch, *, hide_torch: bool) -> list[str]:
+    """setup.py's ``install_requires``; ``hide_torch``: computed as in pip's isolated
+    build, where no torch is installed (importing torch or asking for an installed
+    version fails)."""
+    import setuptools
+
+    captured: dict = {}
+
+    def no_installed_versions(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(setuptools, "setup", lambda **kwargs: captured.update(kwargs))
+        if hide_torch:
+            patch.setattr(importlib.metadata, "version", no_installed_versions)
+            patch.setitem(sys.modules, "torch", None)  # ``import torch`` raises ImportError
+            patch.setitem(sys.modules, "torchvision", None)
+        exec(compile((ROOT / "setup.py").read_text(), "setup.py", "exec"), {"__name__": "__main__"})
+    return captured["install_requires"]
+
+
+def test_setup_pins_the_tested_torch_statically(monkeypatch: pytest.MonkeyPatch):
+    isolated = _install_requires(monkeypatch, hide_torch=True)
+    assert isolated == _install_requires(monkeypatch, hide_torch=False)  # nothing read from the environment
+    tested_torch = torch.__version__.split("+")[0]  # the suite runs on the tested pair
+    tested_vision = importlib.metadata.version("torchvision").split("+")[0]
+    assert f"torch=={tested_torch}" in isolated and f"torchvision=={tested_vision}" in isolated
+    readme = (ROOT / "README.md").read_text()
+    assert f"torch {tested_torch} and torchvision {tested_vision}" in readme  # the tested versions, named
 
 
 def test_readme_example_runs_and_matches_eager():

@@ -19,7 +19,13 @@ from ipuxl.addons_compat.ops import cross_entropy, cross_entropy_with_grad, host
 from ipuxl.addons_compat.random_seed import seed_variable
 from ipuxl.addons_compat.streams import InputStreams, OutputStreams
 from ipuxl.addons_compat.transforms import autodiff, autodiff_with_accumulation
+from ipuxl.addons_compat.transforms.pipelining import pipelined_execution
 from ipuxl.addons_compat.variable_factory import NamedVariableFactories, VariableFactory, add_variable_input
+from ipuxl.addons_compat import remote, rts  # #17: Streaming Memory and RTS
+from ipuxl.addons_compat.remote import NamedRemoteBuffers, load_remote_graph, named_variable_buffers, store_remote_graph
+from ipuxl.addons_compat.transforms.batch_serialisation import (
+    batch_serial_buffer, batch_serialise, batch_serialise_fwd_and_grad,
+)
 
 __all__ = [
     "array_munging", "layers", "named_replica_grouping", "ops", "optimizers", "transforms", "DotTree",
@@ -27,4 +33,8 @@ __all__ = [
     "LayerNorm", "Linear", "Module", "NamedReplicaGrouping", "NamedTensors", "TensorMap", "cross_entropy",
     "cross_entropy_with_grad", "host_load", "host_store", "seed_variable", "InputStreams", "OutputStreams",
     "autodiff", "autodiff_with_accumulation", "NamedVariableFactories", "VariableFactory", "add_variable_input",
+    "pipelined_execution",
+    # #17: Streaming Memory and RTS
+    "remote", "rts", "NamedRemoteBuffers", "load_remote_graph", "named_variable_buffers", "store_remote_graph",
+    "batch_serial_buffer", "batch_serialise", "batch_serialise_fwd_and_grad",
 ]

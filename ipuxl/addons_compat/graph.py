@@ -14,7 +14,7 @@ from ipuxl.errors import InvalidArgumentError
 from ipuxl.ir import context
 from ipuxl.ir.grad_info import GradGraphInfo
 from ipuxl.ir.graph import Graph
-from ipuxl.ir.meta import BY_REF
+from ipuxl.ir.meta import BY_REF, OP
 from ipuxl.ir.printer import format_schedule
 from ipuxl.ir.tensor import Constant, Tensor, Variable
 from ipuxl.ops.call import CallSiteInfo, call_with_info
@@ -66,11 +66,22 @@ def _check_by_ref_inputs(graph: Graph, inputs: Mapping[Tensor, Any]) -> None:
     for graph_input, value in inputs.items():
         if not graph_input.node.meta.get(BY_REF) or not isinstance(value, Tensor):
             continue
-        if isinstance(value, Constant) or (value.graph.is_main and not isinstance(value, Variable)):
+        if isinstance(value, Constant) or (value.graph.is_main and not isinstance(value, Variable)
+                                           and not _is_state(value)):
             raise InvalidArgumentError(
                 f"input '{graph_input.name}' of graph '{graph.name}' is passed by reference (it is updated in "
                 f"place) but got '{value.name}', which is not a variable", where=context.user_source_line(),
                 fix="pass a variable (e.g. from factories.init()); an update of a temporary or constant is lost")
+
+
+#: Ops whose main-graph results are state a program updates in place and then uses (#17):
+#: loaded from Streaming Memory (directly or by a called load graph), made by ops.init
+#: (gradient accumulators), or a replica's shard (RTS); not, say, ``var + 1.0``.
+_STATE_OPS = frozenset({"remote_load", "output_of", "call", "init", "replica_sharded_slice"})
+
+
+def _is_state(value: Tensor) -> bool:
+    return bool(value.meta_shape) or value.node.meta.get(OP) in _STATE_OPS
 
 
 class GraphWithNamedArgs:

@@ -20,7 +20,9 @@ from ipuxl.addons_compat.grad_graph import Aux, VarGrads, build_grad_graph
 from ipuxl.addons_compat.graph import GraphWithNamedArgs
 from ipuxl.addons_compat.graph_cache import GraphCache
 from ipuxl.addons_compat.named_tensors import NamedTensors
-from ipuxl.addons_compat.variable_factory import NamedVariableFactories, VariableFactory, add_variable_input
+from ipuxl.addons_compat.variable_factory import (
+    NamedVariableFactories, VariableFactory, add_replica_sharded_variable_input, add_variable_input,
+)
 from ipuxl.errors import AutodiffError, InvalidArgumentError, NameConflictError
 from ipuxl.ir import context, graph_builder
 from ipuxl.ir.tensor import Tensor
@@ -153,6 +155,23 @@ class Module(graph_builder.Module):
         """
         self._check_free(name, overwrite)
         tensor, factory = add_variable_input(name, data_iter, dtype, by_ref, replica_grouping)
+        self._variable_factories.insert(name, factory, overwrite=overwrite)
+        self._named_inputs.insert(name, tensor, overwrite=overwrite)
+        return tensor
+
+    def add_replica_sharded_variable_input(self, name: str, data_iter: Callable[[], Any] | Iterable[Any],
+                                           dtype: DTypeLike = None, by_ref: bool = False,
+                                           replica_grouping: Any = None, shard_over: int | None = None,
+                                           overwrite: bool = False) -> Tensor:
+        """Add a replica-sharded named input (the 1-D shard, the data's shape as meta
+        shape); its factory's variables are whole on the host (see ``init_remote``).
+
+        Raises:
+            NameConflictError: ``name`` is already a named input of this module.
+        """
+        self._check_free(name, overwrite)
+        tensor, factory = add_replica_sharded_variable_input(name, data_iter, dtype, by_ref, replica_grouping,
+                                                             shard_over)
         self._variable_factories.insert(name, factory, overwrite=overwrite)
         self._named_inputs.insert(name, tensor, overwrite=overwrite)
         return tensor

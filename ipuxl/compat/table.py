@@ -45,8 +45,10 @@ POPXL: dict[str, str | None] = {
     "popxl.ops.var_updates.utils": "ipuxl.ops.var_updates",
     "popxl.ops.utils": None,
     "popxl.fp8_utils": None,
-    "popxl.remote_buffer": None,
-    "popxl.tensorlocation": None,
+    "popxl.remote_buffer": "ipuxl.ir.remote",  # #17: Streaming Memory
+    "popxl.tensorlocation": "ipuxl.ir.remote",
+    "popxl.ops.collectives.replica_sharded_slice": "ipuxl.ops.collectives",
+    "popxl.ops.collectives.replicated_slice": "ipuxl.ops.collectives",
     "popxl.transforms.merge_exchange": None,
     "popxl.transforms.decompose_sum": None,
 }
@@ -89,13 +91,13 @@ POPXL_ADDONS: dict[str, str | None] = {
     "popxl_addons.debugging": None,
     "popxl_addons.graph_common": None,
     "popxl_addons.input_factory": None,
-    "popxl_addons.remote": None,
+    "popxl_addons.remote": "ipuxl.addons_compat.remote",
     "popxl_addons.route_tensor": None,
-    "popxl_addons.rts": None,
+    "popxl_addons.rts": "ipuxl.addons_compat.rts",
     "popxl_addons.transforms.available_memory_proportion": None,
-    "popxl_addons.transforms.batch_serialisation": None,
+    "popxl_addons.transforms.batch_serialisation": "ipuxl.addons_compat.transforms.batch_serialisation",
     "popxl_addons.transforms.phased": None,
-    "popxl_addons.transforms.pipelining": None,
+    "popxl_addons.transforms.pipelining": "ipuxl.addons_compat.transforms.pipelining",
     "popxl_addons.transforms.use_fc_pass": None,
 }
 

@@ -16,6 +16,11 @@
   ``repeat_count`` times per loop. Per ``Session.run`` (one run of the main program,
   the device loop included), per step (one host transfer: the run's FLOPs /
   ``num_host_transfers``) and per run over all replicas.
+* Streaming Memory (``resources.remote_traffic``): per step, the bytes loaded and stored
+  remotely (and code loaded), the time that exchange takes at
+  ``IpuSpec.streaming_memory_bandwidth`` next to the compute estimate (FLOPs per step
+  at ``IpuSpec.flops_per_second``), and the on-chip peak (the memory total above, whose
+  peak activations include the tensors loaded for the largest phase).
 
 ``str(report)`` is a readable table. ``python benchmarks/program_report.py [--blocks N]
 [--outlined]`` prints the report of a small MLP training program (popxl.addons style,
@@ -32,13 +37,15 @@ import torch
 import torch.fx as fx
 
 from ipuxl.device.resources import (
-    CallSite, IpuSpec, ResourceEstimate, call_sites, estimate, graph_code_bytes, is_inlined, is_op, op_type,
+    CallSite, IpuSpec, RemoteTraffic, ResourceEstimate, call_sites, estimate, graph_code_bytes, is_inlined, is_op,
+    mib, op_type, remote_traffic,
 )
 from ipuxl.ir.aliases import is_view
 from ipuxl.ir.calls import callee, is_call, reachable_graphs, repeat_count
 from ipuxl.passes.liveness import live_profile
 
 if TYPE_CHECKING:
+    from ipuxl.device.ipus import IpuReport
     from ipuxl.ir.graph import Graph
     from ipuxl.ir.ir import Ir
 
@@ -47,7 +54,7 @@ __all__ = ["GraphReport", "ProgramReport", "program_report", "node_flops", "grap
 _MATMULS = {"matmul", "mm", "bmm", "addmm", "baddbmm", "linear", "addmm_", "baddbmm_"}
 _CONVS = {"conv", "convolution", "conv1d", "conv2d", "conv3d", "_convolution"}
 _TRANSPOSED_CONVS = {"conv_transpose1d", "conv_transpose2d", "conv_transpose3d"}
-_NO_FLOPS = {"host_load", "host_store", "copy", "copy_", "clone", "detach", "copy_var_update_", "output_of",
+_NO_FLOPS = {"host_load", "host_store", "remote_load", "remote_load_", "remote_store", "remote_code_load", "copy", "copy_", "clone", "detach", "copy_var_update_", "output_of",
              "empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like", "expand", "contiguous",
              "cast", "to", "_to_copy", "alias", "lift_fresh_copy"}
 
@@ -176,6 +183,44 @@ class ProgramReport:
     """FLOPs of one ``Session.run`` on one replica: one run of the main program."""
     num_host_transfers: int
     replication_factor: int
+    ipus: "IpuReport | None" = None
+    """Per-IPU memory, FLOPs, copies and pipeline schedule (programs on several IPUs, #18)."""
+    remote_per_run: RemoteTraffic = field(default_factory=RemoteTraffic)
+    """Streaming Memory traffic of one run (one replica, #17)."""
+
+    @property
+    def remote_per_step(self) -> RemoteTraffic:
+        """Streaming Memory traffic per step: per run / ``num_host_transfers``."""
+        n, r = self.num_host_transfers, self.remote_per_run
+        return RemoteTraffic(r.loaded_bytes // n, r.stored_bytes // n, r.code_bytes // n)
+
+    @property
+    def exchange_seconds_per_step(self) -> float:
+        """The time one step's Streaming Memory traffic takes at the spec's bandwidth."""
+        return self.remote_per_step.seconds(self.memory.spec)
+
+    @property
+    def compute_seconds_per_step(self) -> float:
+        """The compute estimate of one step: its FLOPs at ``IpuSpec.flops_per_second``."""
+        return self.flops_per_step / self.memory.spec.flops_per_second
+
+    def streaming_lines(self) -> list[str]:
+        """The report's Streaming Memory section (empty when the program uses none)."""
+        step = self.remote_per_step
+        if not (step.total_bytes or self.memory.num_remote_buffers or self.memory.code_loaded_graphs):
+            return []
+        spec = self.memory.spec
+        return ["", "Streaming Memory per step (one replica):",
+                f"  loaded remotely:  {step.loaded_bytes:>14,} B  ({mib(step.loaded_bytes)} MiB)",
+                f"  stored remotely:  {step.stored_bytes:>14,} B  ({mib(step.stored_bytes)} MiB)",
+                f"  code loaded:      {step.code_bytes:>14,} B  ({mib(step.code_bytes)} MiB)",
+                f"  exchange time:    {self.exchange_seconds_per_step * 1e6:>14,.1f} us  (at "
+                f"{spec.streaming_memory_bandwidth / 1e9:g} GB/s off-chip; on-chip SRAM: "
+                f"{spec.onchip_bandwidth / 1e12:g} TB/s)",
+                f"  compute estimate: {self.compute_seconds_per_step * 1e6:>14,.1f} us  "
+                f"({format_flops(self.flops_per_step)} at {spec.flops_per_second / 1e12:g} TFLOP/s)",
+                f"  on-chip peak:     {mib(self.memory.total_bytes):>14} MiB  (of {mib(self.memory.available_bytes)} "
+                f"MiB; peak activations {mib(self.memory.activation_bytes)} MiB at {self.memory.peak_op})"]
 
     @property
     def flops_per_step(self) -> int:
@@ -239,6 +284,9 @@ class ProgramReport:
         width = max(len(label) for label, _ in flop_rows)
         lines += ["", "FLOPs:"]
         lines += [f"  {label:<{width}}  {value:>16,}  ({format_flops(value)})" for label, value in flop_rows]
+        if self.ipus is not None:
+            lines += ["", str(self.ipus)]
+        lines += self.streaming_lines()
         return "\n".join(lines)
 
 
@@ -279,5 +327,12 @@ def program_report(ir: "Ir", spec: IpuSpec | None = None) -> ProgramReport:
             name=graph.name, compiled_as=role, op_counts=histogram, code_ops=code_ops, code_bytes=code,
             call_sites=list(sites.get(graph, [])), flops=graph_flops(graph, memo),
             peak_activation_bytes=live_profile(graph).peak_bytes))
-    return ProgramReport(program=repr(ir), graphs=graphs, memory=memory, flops_per_run=graph_flops(ir.main_graph, memo),
-                         num_host_transfers=ir.num_host_transfers, replication_factor=ir.replication_factor)
+    report = ProgramReport(program=repr(ir), graphs=graphs, memory=memory,
+                           flops_per_run=graph_flops(ir.main_graph, memo),
+                           num_host_transfers=ir.num_host_transfers, replication_factor=ir.replication_factor,
+                           remote_per_run=remote_traffic(ir, memory.spec))
+    from ipuxl.device.ipus import ipu_report, num_ipus  # ipus builds on this module: bind late
+
+    if num_ipus(ir) > 1:
+        report.ipus = ipu_report(ir, spec)
+    return report

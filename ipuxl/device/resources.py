@@ -24,6 +24,17 @@ runs R copies of the program, one per IPU, so every number here is one replica's
 ``Session(ir, "ipu_model")`` raises ``OutOfMemoryError`` with this breakdown when the
 total exceeds ``IpuSpec.memory_bytes``; ``"cpu"`` and ``"ipu_hw"`` have no limit.
 
+**Streaming Memory** (off-chip, per replica; ``ipuxl.ir.remote``) is accounted
+separately from on-chip memory, against ``IpuSpec.streaming_memory_bytes``: every
+remote buffer (``entries`` x slot bytes; remote variables live in them) and the code of
+graphs loaded with ``ops.remote_code_load``. Such a graph's code counts on-chip only
+while loaded: the code-loaded graphs share one on-chip region, the size of the largest
+(its code is in ``code``; the rest of their code is off-chip). Tensors loaded with
+``ops.remote_load`` are activations: on-chip only while live, so the peak activations
+of a phased program are those of its largest phase. ``remote_traffic(ir)`` counts the
+bytes moved per run (``ProgramReport`` shows them per step with the time they take at
+``IpuSpec.streaming_memory_bandwidth`` next to the compute estimate).
+
 Which spec is used: the ``spec=`` argument when given, else ``DEFAULT_SPEC``
 (reassign it or call ``set_default_spec``) with the fields named by environment
 variables replaced: ``IPUXL_IPU_MEMORY_MIB`` (total memory per IPU, MiB),
@@ -46,7 +57,8 @@ from ipuxl.ir.aliases import is_view
 from ipuxl.ir.calls import (
     call_nodes, callee, callee_of, is_call, is_repeat, reachable_graphs, repeat_count, transfer_counts,
 )
-from ipuxl.ir.meta import NAME, OP, ROLE, Role
+from ipuxl.ir.meta import NAME, OP, REMOTE, ROLE, Role
+from ipuxl.ir.remote import RemoteBuffer, code_loaded_graphs, remote_buffers
 from ipuxl.passes.liveness import LiveProfile, live_profile, tensor_bytes
 
 if TYPE_CHECKING:
@@ -55,7 +67,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "IpuSpec", "DEFAULT_SPEC", "ResourceEstimate", "CallSite", "estimate", "check_fits", "get_spec",
-    "set_default_spec", "use_spec", "call_sites", "code_nodes", "op_type", "mib",
+    "set_default_spec", "use_spec", "call_sites", "code_nodes", "op_type", "mib", "RemoteTraffic", "remote_traffic",
 ]
 
 KiB, MiB = 1024, 1024 * 1024
@@ -81,6 +93,13 @@ class IpuSpec:
             loop: a call is a few control instructions (256 B by default).
         memory_bytes_override: total memory per IPU, replacing
             ``tiles * bytes_per_tile`` (set by ``IPUXL_IPU_MEMORY_MIB``).
+        streaming_memory_bytes: Streaming Memory (off-chip DRAM) per replica: 64 GiB by
+            default, an IPU-M2000's 256 GiB shared by its 4 IPUs.
+        streaming_memory_bandwidth: bytes per second between Streaming Memory and one
+            IPU: 20 GB/s by default (the order of an M2000's DDR4 bandwidth per IPU).
+        onchip_bandwidth: bytes per second of one IPU's SRAM, all tiles together (47.5 TB/s
+            on a Mk2), for comparison with the off-chip bandwidth.
+        flops_per_second: the compute estimate's rate: 62.5 TFLOP/s, a Mk2's float32 peak.
     """
 
     tiles: int = 1472
@@ -88,6 +107,10 @@ class IpuSpec:
     code_bytes_per_op: int = 8 * KiB
     code_bytes_per_call_site: int = 256
     memory_bytes_override: int | None = None
+    streaming_memory_bytes: int = 64 * 1024 * MiB
+    streaming_memory_bandwidth: float = 20e9
+    onchip_bandwidth: float = 47.5e12
+    flops_per_second: float = 62.5e12
 
     def __post_init__(self) -> None:
         for name in ("tiles", "bytes_per_tile", "code_bytes_per_op", "code_bytes_per_call_site"):
@@ -95,6 +118,11 @@ class IpuSpec:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidArgumentError(f"IpuSpec.{name} must be an int >= 0, got {value!r}",
                                            fix="e.g. IpuSpec(tiles=1472, bytes_per_tile=624 * 1024)")
+        for name in ("streaming_memory_bytes", "streaming_memory_bandwidth", "onchip_bandwidth", "flops_per_second"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise InvalidArgumentError(f"IpuSpec.{name} must be a number > 0, got {value!r}",
+                                           fix="e.g. IpuSpec(streaming_memory_bandwidth=20e9)")
 
     @property
     def memory_bytes(self) -> int:
@@ -242,10 +270,24 @@ class ResourceEstimate:
     num_streams: int
     code_bytes_by_graph: dict[str, int] = field(default_factory=dict)
     schedule: str = "program order"
+    remote_buffer_bytes: int = 0
+    """Streaming Memory of the remote buffers (remote variables included), per replica."""
+    num_remote_buffers: int = 0
+    remote_code_bytes: int = 0
+    """Code of the code-loaded graphs, kept in Streaming Memory."""
+    code_loaded_graphs: int = 0
+    loaded_code_bytes: int = 0
+    """The on-chip region code-loaded graphs run from (the largest of them; part of ``code_bytes``)."""
 
     @property
     def total_bytes(self) -> int:
+        """On-chip bytes of one replica."""
         return self.variable_bytes + self.constant_bytes + self.code_bytes + self.activation_bytes + self.stream_bytes
+
+    @property
+    def streaming_memory_bytes(self) -> int:
+        """Streaming Memory (off-chip) bytes of one replica."""
+        return self.remote_buffer_bytes + self.remote_code_bytes
 
     @property
     def available_bytes(self) -> int:
@@ -253,7 +295,22 @@ class ResourceEstimate:
 
     @property
     def fits(self) -> bool:
-        return self.total_bytes <= self.available_bytes
+        return self.total_bytes <= self.available_bytes and self.streaming_fits
+
+    @property
+    def streaming_fits(self) -> bool:
+        return self.streaming_memory_bytes <= self.spec.streaming_memory_bytes
+
+    def streaming_line(self) -> str | None:
+        """The Streaming Memory row of the breakdown (None when the program uses none)."""
+        if not (self.num_remote_buffers or self.code_loaded_graphs):
+            return None
+        code = (f", code of {self.code_loaded_graphs} code-loaded graph{'s' * (self.code_loaded_graphs != 1)} "
+                f"{mib(self.remote_code_bytes)} MiB (on-chip while loaded: {mib(self.loaded_code_bytes)} MiB)"
+                if self.code_loaded_graphs else "")
+        return (f"  {'Streaming Memory:':<18} {mib(self.streaming_memory_bytes)} MiB  (off-chip, per replica, of "
+                f"{mib(self.spec.streaming_memory_bytes)} MiB: {self.num_remote_buffers} remote "
+                f"buffer{'s' * (self.num_remote_buffers != 1)} {mib(self.remote_buffer_bytes)} MiB{code})")
 
     def components(self) -> list[tuple[str, int, str]]:
         """(name, bytes, detail) per part of the total."""
@@ -272,7 +329,9 @@ class ResourceEstimate:
         rows = [(name, mib(size), detail) for name, size, detail in self.components()]
         rows.append(("total", mib(self.total_bytes), f"of {mib(self.available_bytes)} MiB available per IPU"))
         width = max(len(r[1]) for r in rows)
-        return "\n".join(f"  {name + ':':<18} {size:>{width}} MiB  ({detail})" for name, size, detail in rows)
+        lines = [f"  {name + ':':<18} {size:>{width}} MiB  ({detail})" for name, size, detail in rows]
+        streaming = self.streaming_line()
+        return "\n".join(lines + ([streaming] if streaming else []))
 
     def suggestions(self) -> list[str]:
         """What would make the program fit, most useful (largest part) first; parts under
@@ -300,6 +359,12 @@ class ResourceEstimate:
         """Raise ``OutOfMemoryError`` (breakdown + what would help) unless the program fits."""
         if self.fits:
             return
+        if not self.streaming_fits:
+            raise OutOfMemoryError(
+                f"the program's Streaming Memory does not fit: it needs {mib(self.streaming_memory_bytes)} MiB per "
+                f"replica off-chip, the spec has {mib(self.spec.streaming_memory_bytes)} MiB\n{self.breakdown()}",
+                where=where, fix="shard remote variables over more replicas (replica_sharded_buffer), use fewer "
+                                 "buffer entries, or raise IpuSpec.streaming_memory_bytes")
         over = self.total_bytes - self.available_bytes
         what = (f"the program does not fit in the memory of one IPU: it needs {mib(self.total_bytes)} MiB per "
                 f"replica, the IPU has {mib(self.available_bytes)} MiB ({self.spec.describe()}), "
@@ -346,6 +411,8 @@ def estimate(ir: "Ir", spec: IpuSpec | None = None) -> ResourceEstimate:
     variables = constants = num_variables = 0
     code = code_ops = outlined = 0
     by_graph: dict[str, int] = {}
+    loaded = code_loaded_graphs(ir)
+    remote_code = region = 0
     for graph in graphs:
         for node in graph.fx.nodes:
             if node.op == "get_attr":
@@ -357,18 +424,85 @@ def estimate(ir: "Ir", spec: IpuSpec | None = None) -> ResourceEstimate:
                     constants += size
         g_code, g_ops, g_calls = graph_code_bytes(graph, sites, spec)
         by_graph[graph.name] = g_code
+        if graph in loaded:  # off-chip, on-chip only while loaded (the module docstring)
+            remote_code, region = remote_code + g_code, max(region, g_code)
+            g_code = 0
         code, code_ops, outlined = code + g_code, code_ops + g_ops, outlined + g_calls
+    code += region
+    buffers = remote_buffers(ir)
     profile, schedule = activation_profile(ir)
     streams = list(transfer_counts(ir.main_graph))
     return ResourceEstimate(
         spec=spec, replication_factor=ir.replication_factor, variable_bytes=variables, num_variables=num_variables,
         constant_bytes=constants, code_bytes=code, code_ops=code_ops, outlined_call_sites=outlined,
         activation_bytes=profile.peak_bytes, peak_op=describe_node(profile.peak_at), stream_bytes=sum(tensor_bytes(s.spec.to_meta()) for s in streams),
-        num_streams=len(streams), code_bytes_by_graph=by_graph, schedule=schedule)
+        num_streams=len(streams), code_bytes_by_graph=by_graph, schedule=schedule,
+        remote_buffer_bytes=sum(b.nbytes for b in buffers), num_remote_buffers=len(buffers),
+        remote_code_bytes=remote_code, code_loaded_graphs=sum(1 for g in loaded if g in graphs),
+        loaded_code_bytes=region)
+
+
+@dataclass(frozen=True)
+class RemoteTraffic:
+    """Bytes one run of the main program moves between Streaming Memory and the chip (one replica)."""
+
+    loaded_bytes: int = 0
+    """``remote_load``/``remote_load_`` data, executed count (calls and repeat counts included)."""
+    stored_bytes: int = 0
+    code_bytes: int = 0
+    """Code brought on-chip by ``remote_code_load``."""
+
+    @property
+    def total_bytes(self) -> int:
+        return self.loaded_bytes + self.stored_bytes + self.code_bytes
+
+    def seconds(self, spec: IpuSpec) -> float:
+        """The time the traffic takes at ``spec.streaming_memory_bandwidth``."""
+        return self.total_bytes / spec.streaming_memory_bandwidth
+
+
+def remote_traffic(ir: "Ir", spec: IpuSpec | None = None) -> RemoteTraffic:
+    """The Streaming Memory traffic of one run of ``ir``'s main program (one replica)."""
+    spec = get_spec(spec)
+    sites = call_sites(ir)
+    memo: dict["Graph", tuple[int, int, int]] = {}
+
+    def walk(graph: "Graph") -> tuple[int, int, int]:
+        if graph in memo:
+            return memo[graph]
+        memo[graph] = (0, 0, 0)  # recursion guard
+        load = store = code = 0
+        for node in graph.fx.nodes:
+            called = callee(node)
+            if called is not None:
+                sub = walk(called)
+                n = repeat_count(node)
+                load, store, code = load + n * sub[0], store + n * sub[1], code + n * sub[2]
+                continue
+            op, target = node.meta.get(OP), node.meta.get(REMOTE)
+            if isinstance(target, RemoteBuffer):
+                slot = target.nbytes // target.entries
+                if op in ("remote_load", "remote_load_"):
+                    load += slot
+                elif op == "remote_store":
+                    store += slot
+            elif op == "remote_code_load" and target is not None:
+                code += graph_code_bytes(target, sites, spec)[0]
+        memo[graph] = (load, store, code)
+        return memo[graph]
+
+    return RemoteTraffic(*walk(ir.main_graph))
 
 
 def check_fits(ir: "Ir", spec: IpuSpec | None = None, where: str | None = None) -> ResourceEstimate:
     """``estimate(ir, spec)``, raising ``OutOfMemoryError`` when it does not fit."""
     result = estimate(ir, spec)
+    from ipuxl.device import ipus  # several IPUs (#18): each has its own memory
+
+    if ipus.num_ipus(ir) > 1:
+        ipus.check_each_ipu(ir, result.spec, where or f"Session({ir!r}, 'ipu_model')")
+        if not result.streaming_fits:  # Streaming Memory is per replica, whatever the IPUs
+            result.check(where or f"Session({ir!r}, 'ipu_model')")
+        return result
     result.check(where or f"Session({ir!r}, 'ipu_model')")
     return result

@@ -68,6 +68,9 @@ from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream, Stream
 from ipuxl.kernels.host_io import stream_cursors
 from ipuxl.ir.tensor import Constant, Tensor, Variable
 from ipuxl.device.replica_plan import plan_replicas
+from ipuxl.progress import graph_sizes, pipeline, stage
+from ipuxl.device.streaming_memory import StreamingMemory, initial_value, read_host, write_device
+from ipuxl.ir.remote import RemoteVariable
 
 __all__ = ["Session", "DeviceType", "device_for", "CompiledGraph"]
 
@@ -123,7 +126,8 @@ class Session:
         records = ir.variable_records
         self._records = {r.tensor: r for r in records.values()}
         self._host = {r.tensor: self._initial_host(r) for r in records.values()}
-        self._replica_vars = [{attr: self._to_device(self._plan.initial_value(r, replica), r.tensor.spec.dtype)
+        self._memory = StreamingMemory(ir, self._plan, self.device)  # remote buffers (device.streaming_memory)
+        self._replica_vars = [{attr: self._to_device(initial_value(self._plan, r, replica), r.tensor.spec.dtype)
                                for attr, r in records.items()} for replica in self._plan.local]
         for tensor, given in (storage or {}).items():  # zero-copy: this replica's storage is the caller's tensor
             self._replica_vars[0][_attr_of(tensor)] = self._bound_storage(tensor, given)
@@ -134,9 +138,11 @@ class Session:
         self._streams: list[Stream] = [s for s in ir.streams if s in self._transfers]  # the cursors' order
         self._io_index = {s: i for i, s in enumerate(self._streams)}
         self._takes_io = does_host_io(ir.main_graph)
-        self._program = self._compile(ir.main_graph, self._device_vars)
-        self._pad_matrices(bound={_attr_of(t) for t in storage or {}})
-        self._modules = [self._program] + [self._replica_program(v) for v in self._replica_vars[1:]]
+        # inside trainingModel's pipeline a stage of it; alone, a compile of its own (bar, INFO log)
+        with pipeline("the session's IR", ["compile"], sizes=lambda: graph_sizes(ir.graphs)), stage("compile"):
+            self._program = self._compile(ir.main_graph, self._device_vars)
+            self._pad_matrices(bound={_attr_of(t) for t in storage or {}})
+            self._modules = [self._program] + [self._replica_program(v) for v in self._replica_vars[1:]]
         self._forwards = [m.forward for m in self._modules]
         self._h2d = [s for s in self._streams if isinstance(s, HostToDeviceStream)]
         self._d2h = [s for s in self._streams if isinstance(s, DeviceToHostStream)]
@@ -193,6 +199,11 @@ class Session:
             self._compiled[graph] = CompiledGraph(module, compiled_callee(graph, module.forward),
                                                   does_host_io(graph))
         return self._compiled[graph].call
+
+    @property
+    def num_ipus(self) -> int:
+        """IPUs the program uses per replica (``popxl.ipu(n)`` placement: 1 + the largest id)."""
+        return self.ir.num_ipus
 
     def report(self, spec: IpuSpec | None = None) -> ProgramReport:
         """The program's report: op counts, code size, call sites, memory per IPU (``spec``:
@@ -339,6 +350,7 @@ class Session:
         """
         self._require_attached("run")
         self._check_unchanged_ir()
+        self._memory.check_unchanged(self.ir, self._built.created_at)
         self._check_transfer_counts()
         self._check_keys(inputs or {})
         data = inputs or {}
@@ -350,7 +362,8 @@ class Session:
             else:
                 results = self._run_replicas(comm, data, downcast_inputs)
         except StepFailure as failure:
-            error = step_error(self, failure)
+            with self._memory.copy_running(failure.index):  # the re-run that finds the op reads a copy
+                error = step_error(self, failure)
             self._failed_run = error  # its applied steps are kept: __exit__ copies them to the host
             raise error from failure.exc
         except ReplicaFailureError as stopped:  # stopped by another process's replica
@@ -381,6 +394,9 @@ class Session:
             return lambda: self._execute(self._forwards[i], buffers, i)
 
         run_replicas(comm, [work(i) for i in range(len(local))])
+        if self._plan.distributed:  # sharded variables: the other processes' shards, for host reads
+            self._memory.gather_shards(lambda t: comm.gather_processes(t, 0), {
+                t: [v[_attr_of(t)] for v in self._replica_vars] for t, r in self._records.items() if r.shard_over})
         return [comm.gather_processes(outputs[s], 1) for s in self._d2h]
 
     def _execute(self, forward: Callable[..., Any], buffers: Sequence[torch.Tensor], index: int) -> None:
@@ -392,10 +408,11 @@ class Session:
         # run ends (a failed step's applied steps are kept): the next read syncs.
         self._host_in_sync = False
         try:
-            if cursors is None:
-                forward()
-            else:
-                forward(cursors)
+            with self._memory.running(index):
+                if cursors is None:
+                    forward()
+                else:
+                    forward(cursors)
         except Exception as exc:  # a kernel's error, of any type: reported with its type kept
             step = self._progress[index] = transfer_in_progress(cursors, self._built.steps)
             if isinstance(exc, IpuxlError):
@@ -606,6 +623,11 @@ class Session:
         local = self._plan.local
         for tensor, host in self._host.items():
             record, attr = self._records[tensor], _attr_of(tensor)
+            if record.shard_over:  # full tensors from the replicas' shards (device.streaming_memory)
+                read_host(record, host, self._built.replicas,
+                          lambda r: self._replica_vars[local.index(r)][attr] if r in local
+                          else self._memory.elsewhere(tensor, r))
+                continue
             rows = self._host_replicas(record)
             if rows is None:
                 value = self._device_vars[attr].detach().to("cpu")
@@ -616,6 +638,7 @@ class Session:
                 if source is not None:
                     value = self._replica_vars[local.index(source)][attr].detach().to("cpu")
                     host[row] = value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
+        self._memory.to_host()
         self._host_in_sync = True
 
     def _local_member(self, record: VariableRecord, replica: int) -> int | None:
@@ -633,10 +656,14 @@ class Session:
         self._require_attached("weights_from_host")
         for tensor, host in self._host.items():
             self._load_replicas(tensor, host)
+        self._memory.from_host()
 
     def _load_replicas(self, tensor: Variable, host: np.ndarray) -> None:
         record, attr = self._records[tensor], _attr_of(tensor)
         for replica, variables in zip(self._plan.local, self._replica_vars):
+            if record.shard_over:  # each replica its shard (device.streaming_memory)
+                write_device(record, host, self._built.replicas, replica, variables[attr])
+                continue
             row = self._host_row(record, replica)
             variables[attr].copy_(torch.from_numpy(host if row is None else host[row]))
 
@@ -654,7 +681,11 @@ class Session:
             self._check_own(t, (Variable, Constant), "get_tensors_data")
         if self._attached and not self._host_in_sync and any(isinstance(t, Variable) for t in tensors):
             self.weights_to_host()
-        return {t: self._host[t] if isinstance(t, Variable) else _constant_value(t) for t in tensors}
+        return {t: self._host_of(t) if isinstance(t, Variable) else _constant_value(t) for t in tensors}
+
+    def _host_of(self, tensor: Variable) -> np.ndarray:
+        """The host buffer of an on-chip or remote variable."""
+        return self._memory.host[tensor] if isinstance(tensor, RemoteVariable) else self._host[tensor]
 
     def write_variable_data(self, tensor: Variable, data: Any) -> None:
         """Set a variable's value (host buffer, and the device too when attached)."""
@@ -666,8 +697,10 @@ class Session:
         if self._attached and not self._host_in_sync:
             self.weights_to_host()
         for tensor, array in arrays.items():
-            self._host[tensor][...] = array
-            if self._attached:
+            self._host_of(tensor)[...] = array
+            if self._attached and isinstance(tensor, RemoteVariable):
+                self._memory.from_host([tensor])
+            elif self._attached:
                 self._load_replicas(tensor, self._host[tensor])
 
     def _checked_variable_data(self, tensor: Variable, data: Any) -> np.ndarray:
@@ -678,10 +711,10 @@ class Session:
             raise InvalidArgumentError(
                 f"write_variables_data: data for variable '{tensor.name}' has dtype {array.dtype}, "
                 f"the variable is {dtype_name(tensor.dtype)}", fix=f"convert with .astype(np.{expected})")
-        expected_shape = self._host[tensor].shape
+        expected_shape = self._host_of(tensor).shape
         if array.shape != expected_shape:
-            rows = "" if expected_shape == tensor.shape else \
-                f" ({expected_shape[0]} rows: one per {'replica' if self._records[tensor].retrieval_mode == 'all_replicas' else 'replica group'})"
+            rows = "" if expected_shape == (tensor.meta_shape or tensor.shape) else \
+                f" ({expected_shape[0]} rows: one per {'replica' if tensor.retrieval_mode == 'all_replicas' else 'replica group'})"
             raise ShapeMismatchError(
                 f"write_variables_data: data for variable '{tensor.name}' has shape {array.shape}, "
                 f"the variable's host data has shape {expected_shape}{rows}", fix="reshape the data to the variable's host shape")
@@ -696,7 +729,7 @@ class Session:
             raise InvalidArgumentError(
                 f"{what}: tensor '{tensor.name}' belongs to another Ir than this session's",
                 fix="copy values between IRs with session_a.get_tensors_data + session_b.write_variables_data")
-        if isinstance(tensor, Variable) and tensor not in self._records:
+        if isinstance(tensor, Variable) and tensor not in self._records and tensor not in self._memory.records:
             raise InvalidArgumentError(
                 f"{what}: variable '{tensor.name}' was added to the IR after this Session was created "
                 f"(at {self._built.created_at}), so the session's compiled program does not have it",

@@ -20,7 +20,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_map
 
 from ipuxl.errors import InvalidArgumentError, ShapeMismatchError, WrongGraphError
-from ipuxl.ir import context
+from ipuxl.ir import context, placement
 from ipuxl.ir.aliases import storage_owner
 from ipuxl.ir.graph import Graph, identifier, describe
 from ipuxl.ir.meta import IN_SEQUENCE, MODIFIES, NAME, OP, OP_ID, SOURCE, VIEW_OF, WRITES
@@ -67,6 +67,7 @@ def emit(
     if name is not None or context.name_scopes_open():
         name = context.scoped_name(name or op_name)
     check_same_graph(graph, op_name, args, kwargs)
+    placement.check_inputs(graph, op_name, args, kwargs)
     if modifies is not None or writes:
         check_writable(graph, op_name, [modifies, *writes] if modifies is not None else list(writes))
     meta_args = tree_map(_to_meta, (tuple(args), dict(kwargs)))
@@ -76,6 +77,7 @@ def emit(
     node = graph.fx.create_node("call_function", target, node_args, node_kwargs,
                                 name=identifier(name or op_name))
     _record(node, op_name, meta_out, name)
+    placement.stamp(node)
     node.meta[OP_ID] = graph.ir.next_op_id()
     if modifies is not None:
         node.meta[MODIFIES] = storage_owner(modifies.node, views=False)

@@ -29,7 +29,7 @@ import torch.fx as fx
 from ipuxl.ir.call_op import call_entry, is_call_graph_node
 from ipuxl.ir.context import SKIP_PREFIXES, STDLIB_DIR
 from ipuxl.ir.calls import CallTarget
-from ipuxl.ir.meta import CALLED_GRAPH, NAME, OP, OP_ID, SOURCE, VIEW_OF
+from ipuxl.ir.meta import CALLED_GRAPH, IPU, NAME, OP, OP_ID, PIPELINE_STAGE, SOURCE, VIEW_OF
 
 if TYPE_CHECKING:
     from ipuxl.ir.ir import Ir
@@ -53,6 +53,8 @@ def copy_fx_body(source: fx.GraphModule, new: fx.Graph, env: dict[fx.Node, fx.No
             line = replaced.source_of(node) if replaced is not None else None
             if line:
                 calls[node].meta[SOURCE] = line
+            if replaced is not None:
+                calls[node].meta.update(replaced.placement_of(node))
             continue
         copied = new.node_copy(node, lambda n: env[n])
         # the stack trace is only read here: kept, fx would print it into every generated program
@@ -61,6 +63,8 @@ def copy_fx_body(source: fx.GraphModule, new: fx.Graph, env: dict[fx.Node, fx.No
             line = replaced.source_of(node)
         if line and node.op == "call_function":
             copied.meta[SOURCE] = line
+        if replaced is not None and node.op != "placeholder":
+            copied.meta.update(replaced.placement_of(node))
         if node.target is operator.getitem and node.args[0] in calls:
             out = calls[cast(fx.Node, node.args[0])].meta[CALLED_GRAPH].outputs[cast(int, node.args[1])]
             copied.meta.update({OP: "output_of", NAME: out.name})
@@ -152,9 +156,14 @@ class _ReplacedBody:
     @staticmethod
     def of(old: fx.Graph, env: dict[fx.Node, fx.Node]) -> "_ReplacedBody | None":
         """The replaced body ``old``, if any of its ops has a source to lend."""
-        if not any(n.meta.get(SOURCE) for n in old.nodes):
+        if not any(n.meta.get(SOURCE) or IPU in n.meta for n in old.nodes):
             return None
         return _ReplacedBody(old, env)
+
+    def placement_of(self, node: fx.Node) -> dict[str, Any]:
+        """The IPU and pipeline stage of ``node``'s counterpart (empty when it has none)."""
+        match = self._match(node)
+        return {key: match.meta[key] for key in (IPU, PIPELINE_STAGE) if key in match.meta} if match is not None else {}
 
     def source_of(self, node: fx.Node) -> str | None:
         """The source of ``node``'s counterpart (``node``: a traced node, visited in order)."""

@@ -18,7 +18,7 @@ import torch.fx as fx
 from ipuxl import dtypes
 from ipuxl.dtypes import DOWNCAST, DTypeLike, check_supported, from_any, to_numpy_dtype
 from ipuxl.errors import InvalidArgumentError, ReplicationError, WrongGraphError
-from ipuxl.ir import context
+from ipuxl.ir import context, placement
 from ipuxl.ir.meta import NAME, ROLE, SOURCE, Role
 from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.ir.tensor import Constant, Tensor, TensorByRef, TensorSpec, Variable
@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = ["build_graph", "graph_input", "graph_output", "variable", "constant", "Module"]
 
-_PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype, dtypes.dtype, slice, type(Ellipsis))
+_PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype, dtypes.dtype, slice, type(Ellipsis),
+          ReplicaGrouping)  # PopXL passes a grouping through to build(), e.g. an optimiser's (#17)
 
 
 class Module:
@@ -278,6 +279,8 @@ def _record_leaf(node: fx.Node, shape: tuple[int, ...], dtype: torch.dtype, name
     node.meta[NAME] = name
     node.meta[ROLE] = role
     node.meta[SOURCE] = context.user_source_line()
+    if role == Role.VARIABLE:
+        placement.stamp(node)
 
 
 def _attr_name(name: str) -> str:

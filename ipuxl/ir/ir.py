@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 import numpy as np
 
@@ -14,6 +14,9 @@ from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream, Stream
 from ipuxl.ir.tensor import Variable
 from ipuxl.ir.world import world
+
+if TYPE_CHECKING:
+    from ipuxl.ir.popart_options import PopartIr
 
 __all__ = ["Ir", "VariableRecord"]
 
@@ -31,6 +34,9 @@ class VariableRecord:
     data: np.ndarray
     grouping: ReplicaGrouping | None = None
     retrieval_mode: str = "one_per_group"
+    shard_over: int | None = None
+    """Replicated tensor sharding (``ipuxl.ir.remote``): each replica holds its 1-D shard of
+    ``shard_over`` of the full value ``data`` (per group); None: not sharded."""
 
     def replica_grouping(self, replication_factor: int) -> ReplicaGrouping:
         """The variable's grouping, or one group of all ``replication_factor`` replicas."""
@@ -69,6 +75,13 @@ class Ir:
         self.graphs.append(self.main_graph)
 
     # -- settings -------------------------------------------------------------------
+    @property
+    def _pb_ir(self) -> "PopartIr":
+        """Stand-in for PopXL's PopART IR: ``getSessionOptions()`` (``ipuxl.ir.popart_options``, #17)."""
+        from ipuxl.ir.popart_options import PopartIr
+
+        return self.__dict__.setdefault("_popart_ir", PopartIr())
+
     @property
     def replication_factor(self) -> int:
         return self._replication_factor
@@ -112,6 +125,14 @@ class Ir:
                 has a length other than ``replication_factor``.
         """
         return ReplicaGrouping.from_assignment(self.replication_factor, assignment)
+
+    @property
+    def num_ipus(self) -> int:
+        """IPUs one replica of the program uses: 1 + the largest IPU id of its ops and
+        variables (``ipuxl.ipu(n)``, PopART's virtual graphs)."""
+        from ipuxl.ir.placement import num_ipus  # placement reads graphs: bind late
+
+        return num_ipus(self)
 
     @property
     def instance_replication_factor(self) -> int:

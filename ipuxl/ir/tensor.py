@@ -291,6 +291,10 @@ class Tensor:
     def flatten(self) -> "Tensor":
         return _ops().flatten(self)
 
+    def copy_to_ipu(self, destination: int, source: int | None = None) -> "Tensor":
+        """A copy of this tensor on IPU ``destination`` (``ops.ipu_copy``)."""
+        return _ops().ipu_copy(self, destination, source)
+
     def transpose(self, permutation: Sequence[int] | None = None) -> "Tensor":
         return _ops().transpose(self, permutation)
 
@@ -326,10 +330,6 @@ class Tensor:
             out.append(step)
             step *= dim
         return tuple(reversed(out))
-
-    def copy_to_ipu(self, *args: Any) -> "Tensor":
-        """Single-IPU programs: the tensor is already where it is needed."""
-        return self
 
 
 class Variable(Tensor):

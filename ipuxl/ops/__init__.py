@@ -34,6 +34,8 @@ from ipuxl.ops.indexing import (
     dynamic_slice, dynamic_update, dynamic_update_, histogram, scatter, scatter_reduce, tied_gather, topk,
 )
 from ipuxl.ops.shape import concat_, detach_, flatten_, reshape_, slice_, subsample, transpose_
+from ipuxl.ops.ipu_copy import io_tile_copy, ipu_copy  # #18: several IPUs
+from ipuxl.ops.remote import remote_code_load, remote_load, remote_load_, remote_store  # #17: Streaming Memory
 
 __all__ = [
     "collectives", "var_updates", "CallSiteInfo", "call", "call_with_info", "repeat", "repeat_with_info",
@@ -53,4 +55,8 @@ __all__ = [
     "histogram", "scatter", "scatter_reduce", "tied_gather", "topk", "batch_norm_inference", "group_norm",
     "interpolate", "roi_align", "shaped_dropout", "init", "print_tensor", "ConditionalSiteInfo", "conditional",
     "conditional_with_info",
+    # H4 (#18): several IPUs
+    "ipu_copy", "io_tile_copy",
+    # H2 (#17): Streaming Memory
+    "remote_load", "remote_load_", "remote_store", "remote_code_load",
 ]

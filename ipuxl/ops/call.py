@@ -24,7 +24,7 @@ from ipuxl.errors import (
 from ipuxl.ir import context
 from ipuxl.ir.graph import Graph, describe
 from ipuxl.ir.calls import CallTarget, RepeatTarget
-from ipuxl.ir.meta import BY_REF, BY_REF_ARGS, CALLED_GRAPH, NAME, OP, WRITES
+from ipuxl.ir.meta import BY_REF, BY_REF_ARGS, CALLED_GRAPH, META_SHAPE, NAME, OP, WRITES
 from ipuxl.ir.tensor import Tensor
 
 __all__ = ["CallSiteInfo", "call", "call_with_info", "repeat", "repeat_with_info"]
@@ -66,6 +66,8 @@ class CallSiteInfo:
         item.meta["val"] = _meta_copy(out.node.meta["val"])
         item.meta[NAME] = out.name
         item.meta[OP] = "output_of"
+        if out.meta_shape:  # a replica shard stays one in the caller (PopXL copies the tensor info, #17)
+            item.meta[META_SHAPE] = out.meta_shape
         return self._parent.wrap(item)
 
     def parent_input(self, idx: int) -> Tensor:

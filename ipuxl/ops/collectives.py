@@ -14,16 +14,17 @@ from typing import Literal
 import torch
 
 from ipuxl.ir.build import emit
-from ipuxl.errors import InvalidArgumentError, ReplicationError
+from ipuxl.errors import InvalidArgumentError, ReplicationError, ShapeMismatchError
 from ipuxl.ir import context
 from ipuxl.ir.graph import describe
 from ipuxl.ir.meta import META_SHAPE
 from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.ir.tensor import Tensor
 from ipuxl.kernels import collectives as kernels
+from ipuxl.kernels import remote as remote_kernels
 
 __all__ = ["replicated_all_reduce", "replicated_all_reduce_", "replicated_reduce_scatter",
-           "replicated_all_gather", "CollectiveOps"]
+           "replicated_all_gather", "CollectiveOps", "replica_sharded_slice", "replicated_slice"]
 
 CollectiveOps = Literal["add", "mean", "mul", "min", "max", "and", "or", "square_add"]
 
@@ -123,3 +124,51 @@ def replicated_all_gather(t: Tensor, axis: int = 0, group: ReplicaGrouping | Non
     return emit("replicated_all_gather", kernels.differentiable_all_gather,
                 (t, axis, mode, g.stride, g.group_size, meta_shape),
                 meta_fn=meta, name=f"{t.name}_all_gathered")
+
+
+# -- replicated tensor sharding (#17) ----------------------------------------------------------------
+# Both slices take this replica's part of a tensor every replica of the group holds, with no
+# communication, in the layouts of ``ipuxl.ir.remote``: a sharded slice is member i's 1-D shard
+# of the flattened tensor, zero padded to a multiple of the group size, so
+# ``replicated_all_gather`` (output_shape "auto") restores the full tensor from the recorded
+# meta shape. As in PopXL both are differentiable: the gradient is an all-gather over the group.
+def replica_sharded_slice(t: Tensor, group: ReplicaGrouping | None = None) -> Tensor:
+    """This replica's shard of ``t``: ``(ceil(t.nelms / group_size),)``, ``meta_shape`` ``t.shape``.
+
+    Args:
+        t: a tensor every member of the group holds (the same value, for RTS).
+        group: the replicas ``t`` is sharded over (default: all).
+
+    Example:
+        >>> shard = ops.collectives.replica_sharded_slice(w, group=ir.replica_grouping())
+        >>> full = ops.collectives.replicated_all_gather(shard, group=ir.replica_grouping())
+    """
+    g = _check("replica_sharded_slice", t, None, group)
+    size = -(-t.nelms // g.group_size)
+    out: Tensor = emit("replica_sharded_slice", remote_kernels.replica_sharded_slice, (t, g.stride, g.group_size),
+                       meta_fn=lambda x, *_: torch.empty((size,), dtype=x.dtype, device="meta"),
+                       name=f"{t.name}_sharded")
+    out.node.meta[META_SHAPE] = tuple(t.shape)
+    return out
+
+
+def replicated_slice(t: Tensor, axis: int = 0, group: ReplicaGrouping | None = None) -> Tensor:
+    """This replica's ``1 / group_size`` part of ``t`` along ``axis`` (member ``i`` gets the ``i``-th).
+
+    Raises:
+        ShapeMismatchError: ``t.shape[axis]`` is not a multiple of the group size.
+    """
+    g = _check("replicated_slice", t, None, group)
+    if not -t.rank <= axis < t.rank:
+        raise InvalidArgumentError(f"replicated_slice: axis {axis} is out of range for {describe(t)}",
+                                   where=context.user_source_line(), fix=f"use an axis in [{-t.rank}, {t.rank})")
+    axis %= t.rank
+    if t.shape[axis] % g.group_size:
+        raise ShapeMismatchError(
+            f"replicated_slice: axis {axis} of {describe(t)} has size {t.shape[axis]}, not a multiple of the "
+            f"group size {g.group_size}", where=context.user_source_line(),
+            fix="slice along an axis whose size the group size divides, or use replica_sharded_slice (pads)")
+    shape = list(t.shape)
+    shape[axis] //= g.group_size
+    return emit("replicated_slice", remote_kernels.replicated_slice, (t, axis, g.stride, g.group_size),
+                meta_fn=lambda x, *_: torch.empty(shape, dtype=x.dtype, device="meta"), name=f"{t.name}_sliced")

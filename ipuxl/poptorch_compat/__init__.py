@@ -44,6 +44,10 @@ if TYPE_CHECKING:
     )
     from ipuxl.poptorch_compat.hardware import ipuHardwareIsAvailable, ipuHardwareVersion, isRunningOnIpu
     from ipuxl.poptorch_compat.option_groups import TensorLocationSettings
+    from ipuxl.poptorch_compat.blocks import (
+        BeginBlock, Block, BlockFunction, ParallelPhasedExecution, Phase, PipelinedExecution, SerialPhasedExecution,
+        ShardedExecution, Stage, removeBlocks,
+    )
     from ipuxl.poptorch_compat.poptorch_logging import logger, setLogLevel
     from ipuxl.poptorch_compat.ops import (
         CPU, MultiConv, NameScope, cond, ctc_beam_search_decoder, custom_op, dynamic_slice, dynamic_update, for_loop,
@@ -111,6 +115,16 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "ipuHardwareVersion": ("ipuxl.poptorch_compat.hardware", "ipuHardwareVersion"),
     "isRunningOnIpu": ("ipuxl.poptorch_compat.hardware", "isRunningOnIpu"),
     "TensorLocationSettings": ("ipuxl.poptorch_compat.option_groups", "TensorLocationSettings"),
+    "Block": ("ipuxl.poptorch_compat.blocks", "Block"),
+    "BeginBlock": ("ipuxl.poptorch_compat.blocks", "BeginBlock"),
+    "BlockFunction": ("ipuxl.poptorch_compat.blocks", "BlockFunction"),
+    "removeBlocks": ("ipuxl.poptorch_compat.blocks", "removeBlocks"),
+    "Stage": ("ipuxl.poptorch_compat.blocks", "Stage"),
+    "Phase": ("ipuxl.poptorch_compat.blocks", "Phase"),
+    "PipelinedExecution": ("ipuxl.poptorch_compat.blocks", "PipelinedExecution"),
+    "ShardedExecution": ("ipuxl.poptorch_compat.blocks", "ShardedExecution"),
+    "SerialPhasedExecution": ("ipuxl.poptorch_compat.blocks", "SerialPhasedExecution"),
+    "ParallelPhasedExecution": ("ipuxl.poptorch_compat.blocks", "ParallelPhasedExecution"),
     "ConfigFileError": ("ipuxl.errors", "ConfigFileError"),
     "Error": ("ipuxl.errors", "PoptorchError"),
     "RecoverableError": ("ipuxl.errors", "RecoverableError"),

@@ -2,7 +2,9 @@
 
 Each step is one function of this module, run in this order:
 
-1. ``capture``: trace the module's forward for one micro-batch (``capture.trace``);
+1. ``capture``: trace the module's forward for one micro-batch (``capture.trace``); its
+   ops take the stage and IPU of the PopTorch block they ran in (``blocks.placement``,
+   checked by ``blocks.check_depth``);
 2. ``import_forward``: import the trace into a new ``Ir`` as the forward subgraph
    (``capture.to_ir``);
 3. ``differentiate`` (training): autodiff of the forward for the loss w.r.t. the
@@ -16,6 +18,7 @@ The executor then compiles the IR on a device ``Session``.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -28,11 +31,13 @@ from ipuxl.ir.graph import Graph
 from ipuxl.ir.ir import Ir
 from ipuxl.ir.tensor import Tensor
 from ipuxl.passes.outline import outline_ir
+from ipuxl.poptorch_compat.blocks import check_depth, place_gradients, place_variables, placement
 from ipuxl.poptorch_compat.enums import ReductionType
 from ipuxl.poptorch_compat.options import Options
 from ipuxl.poptorch_compat.precision import precision_rules
 from ipuxl.poptorch_compat.program import Gradients, Program, StartValues, build_program
 from ipuxl.poptorch_compat.translate import ParamPlan
+from ipuxl.progress import stage
 from ipuxl.transforms import autodiff
 
 __all__ = ["compile_model", "capture", "import_forward", "differentiate", "outline_program"]
@@ -50,16 +55,31 @@ def compile_model(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], *
 
     Raises:
         TraceError: the module cannot be captured (see ``capture.trace.trace_module``).
+        OptionsError: the blocks do not fit the execution strategy (``blocks.Placement.finish``).
+        ExecutorError: a pipeline with too few micro-batches for its stages (``blocks.check_depth``).
     """
-    traced = capture(model, args, kwargs, training=training, outline=options.auto_outline,
-                     precision=precision_rules(options))
+    with stage("capture"), placement(options.execution_strategy) as placed:  # each op's stage and IPU (``blocks``)
+        traced = capture(model, args, kwargs, training=training, outline=options.auto_outline,
+                         precision=precision_rules(options))
+    stages = placed.finish(traced.gm)
+    check_depth(stages, training=training, gradient_accumulation=options.gradient_accumulation,
+                device_iterations=options.device_iterations)
     forward = import_forward(traced, options)
-    gradients = differentiate(traced, forward, plans) if training else None
+    with stage("autodiff") if training else contextlib.nullcontext():
+        gradients = differentiate(traced, forward, plans) if training else None
+    if stages is not None:
+        stages.graphs = [forward]
+        if gradients is not None and gradients.trained:
+            place_gradients(gradients.info, stages)
+            stages.graphs.append(gradients.info.graph)
     program = build_program(forward.ir, traced, forward, gradients, start=start, plans=plans,
                             micro_batches=options.gradient_accumulation if training else 1,
-                            reduction=gradient_reduction(options))
+                            reduction=gradient_reduction(options), stages=stages)
+    if stages is not None:
+        place_variables(program, forward)
     if options.auto_outline:
-        outline_program(program)
+        with stage("outline"):
+            outline_program(program)
     return program
 
 

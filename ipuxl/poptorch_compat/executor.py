@@ -50,9 +50,13 @@ from ipuxl.poptorch_compat.anchors import anchorable_names, gather_anchors, para
 from ipuxl.poptorch_compat.batching import (
     MicroBatch, describe, example_call, gather_outputs, replicas_here, split_batch, update_inputs,
 )
+from ipuxl.poptorch_compat.blocks import annotate_report
 from ipuxl.poptorch_compat.compile import compile_model
 from ipuxl.poptorch_compat.compile_hooks import run_post_compile_hooks, run_pre_compile_hooks
+from ipuxl.poptorch_compat.compile_log import log_recompile, program_stages, recompile_reason
+from ipuxl.progress import graph_sizes, pipeline
 from ipuxl.poptorch_compat.executable_file import example_inputs, input_specs, read_executable, write_executable
+from ipuxl.poptorch_compat.memory_format import choose as choose_memory_format, to_format
 from ipuxl.poptorch_compat.options import Options
 from ipuxl.poptorch_compat.perf import CallTimes, latency, perf_counters
 from ipuxl.poptorch_compat.program import StartValues, hyper_values, optimizer_structure, per_replica_seeds
@@ -138,6 +142,8 @@ class PoplarExecutor:
         plans = translate(optimizer, self._names) if training and optimizer is not None else []
         self._attribute_checks = AttributeChecks(self.options.relax_optimizer_attributes_checks, optimizer)
         self._key: tuple | None = None  # the compile key: the micro-batch call (``batching.split_batch``)
+        self._format: tuple[tuple, bool] | None = None  # (key, channels-last?): ``memory_format.choose``
+        self._channels_last = False  # the compiled program runs channels-last
         self._destroyed = False
         self.compile_count = 0
         self._seed = _initial_seed(self.options)
@@ -160,6 +166,9 @@ class PoplarExecutor:
         started = time.perf_counter()
         batch = split_batch(self.options, self.training, args, kwargs)
         self._ensure_program(batch.micro, (args, kwargs))
+        if self._channels_last:  # staged channels-last, as traced (``memory_format``); writes go to the caller's
+            batch = batch._replace(stacked=split_batch(self.options, self.training,
+                                                       *to_format(args, kwargs, True)).stacked)
         if not self._sync.attached:
             raise DetachedError(f"the {self._kind} model is detached from its device",
                                 where=user_source_line(), fix="call model.attachToDevice() before running it")
@@ -249,6 +258,7 @@ class PoplarExecutor:
                     where=user_source_line(),
                     fix="keep input shapes and dtypes fixed (e.g. drop_last=True in the DataLoader), or "
                         "leave Options.staticShapes off to recompile on a change")
+            log_recompile(self._kind, recompile_reason(self._key, key, compiled.program.traced.input_names))
         self._rebuild(key)
         self._example = input_specs(call)
 
@@ -285,13 +295,22 @@ class PoplarExecutor:
             states_from_optimizer = True
         start = self._start_values(states_from_optimizer)
         args, kwargs = example_call(key)
+        if self._format is None or self._format[0] != key:
+            # one replica here: its stream data keeps the format (several are regrouped, see batching)
+            self._format = (key, replicas_here(self.options) == 1
+                            and choose_memory_format(self._model, args, kwargs, self.training))
+        channels_last = self._format[1]
+        args, kwargs = to_format(args, kwargs, channels_last)
         run_pre_compile_hooks()
         try:
-            program = compile_model(self._model, args, kwargs, training=self.training, options=self.options,
-                                    start=start, plans=self._trainable_plans())
-            slots = HostSlots(self._model, {**program.params, **program.buffers},
-                              device=device_for(self.options.device_type), bind=replicas_here(self.options) == 1)
-            session = Session(program.ir, self.options.device_type, storage=slots.storage())
+            stages = program_stages(self.training, self.options.auto_outline)  # ``ipuxl.progress``: bar, INFO log
+            with pipeline(f"the {self._kind} model for inputs {describe(key)}", stages,
+                          show=self.options.show_compilation_progress_bar, sizes=lambda: graph_sizes(program.ir.graphs)):
+                program = compile_model(self._model, args, kwargs, training=self.training, options=self.options,
+                                        start=start, plans=self._trainable_plans())
+                slots = HostSlots(self._model, {**program.params, **program.buffers},
+                                  device=device_for(self.options.device_type), bind=replicas_here(self.options) == 1)
+                session = Session(program.ir, self.options.device_type, storage=slots.storage())  # stage "compile"
             session.__enter__()
         finally:
             run_post_compile_hooks()
@@ -299,7 +318,7 @@ class PoplarExecutor:
         sync.use(Compiled(program, session, slots))
         if not attaches(self.options):  # ConnectionType.Never: compiled, never attached
             sync.close_session()
-        self._key, self._seed = key, start.seed
+        self._key, self._seed, self._channels_last = key, start.seed, channels_last
         self.compile_count += 1
 
     def _start_values(self, states_from_optimizer: bool) -> StartValues:
@@ -403,6 +422,8 @@ class PoplarExecutor:
         if compiled is None:
             return
         if optimizer_structure(plans) != optimizer_structure(old):
+            log_recompile(self._kind, "the optimizer changed (type, flags or state dtypes): its variables cannot "
+                                      "hold the new one")
             self._rebuild(states_from_optimizer=states_from_optimizer)
             return
         self._require_attached("setOptimizer")
@@ -451,11 +472,13 @@ class PoplarExecutor:
 
     def report(self, spec: Any = None) -> Any:
         """The compiled program's ``ipuxl.device.report.ProgramReport`` (op counts, code size with
-        outlining, call sites, memory per IPU, FLOPs per step); ``print`` it for a table."""
+        outlining, call sites, memory per IPU, FLOPs per step; with blocks on several IPUs, each
+        IPU's share and the pipeline schedule: ``blocks.annotate_report``); ``print`` it for a table."""
         if self._session is None:
             raise DetachedError("report(): the model has not been compiled yet", where=user_source_line(),
                                 fix="call it after the first model(...) call or model.compile(...)")
-        return self._session.report(spec)
+        return annotate_report(self._session.report(spec), self._require_compiled().program,
+                               self.options.device_iterations)
 
     def isAttachedToDevice(self) -> bool:  # noqa: N802
         """Whether the compiled program holds its (simulated) device; False before compiling."""

@@ -27,12 +27,13 @@ upstream), ``Distributed`` (process id and count: each process runs
 compile path (read them from the properties below): ``Training``'s reduction type and
 mean strategy, ``Precision``'s casting, running-statistics and partials settings,
 ``inputReplicaGrouping``, ``setAvailableMemoryProportion``, ``anchorTensor``,
-``connectionType``, ``updatableNamedBuffers``. No effect on a simulated device (recorded
-and shown by ``toDict()`` only): ``syncPattern``, ``useIpuId``,
+``connectionType``, ``updatableNamedBuffers``, ``showCompilationProgressBar``,
+``setExecutionStrategy`` (stages and IPUs of the blocks: ``poptorch_compat.blocks``). No
+effect on a simulated device (recorded and shown by ``toDict()`` only): ``syncPattern``, ``useIpuId``,
 ``useOfflineIpuTarget``, ``autoRoundNumIPUs``, ``enableExecutableCaching``,
 ``enableSyntheticData``, ``enableStableNorm``, ``logCycleCount``, ``enableProfiling``,
-``logDir``, ``modelName``, ``setExecutionStrategy``, ``broadcastBuffers``,
-``showCompilationProgressBar``, ``sourceLocationExcludes``, ``disableModuleNamescope``,
+``logDir``, ``modelName``, ``broadcastBuffers``,
+``sourceLocationExcludes``, ``disableModuleNamescope``,
 ``Jit.traceModel``, ``TensorLocations``, ``_Popart``. ``docs/poptorch.md`` gives the
 reason for each.
 
@@ -490,9 +491,9 @@ class Options(OptionGroup):
         return self
 
     def setExecutionStrategy(self, strategy: object) -> Options:  # noqa: N802
-        """How blocks map to IPUs (``PipelinedExecution``, ``ShardedExecution``,
-        ``SerialPhasedExecution``, ``ParallelPhasedExecution``): recorded; ipuxl runs
-        the whole model on one simulated IPU per replica."""
+        """How blocks map to stages and IPUs (``PipelinedExecution``, ``ShardedExecution``,
+        ``SerialPhasedExecution``, ``ParallelPhasedExecution``; see ``poptorch_compat.blocks``:
+        captured ops carry their stage's IPU, the report shows the pipeline schedule)."""
         self._check_not_frozen("setExecutionStrategy")
         if not callable(getattr(strategy, "backendOptions", None)):
             raise OptionsError(f"Options.setExecutionStrategy: strategy must be an execution strategy "
@@ -502,7 +503,9 @@ class Options(OptionGroup):
         return self
 
     def showCompilationProgressBar(self, show: bool = True) -> Options:  # noqa: N802
-        """Show a progress bar while compiling (recorded; ipuxl compiles in seconds, without one)."""
+        """Show PopTorch's "Graph compilation" progress bar while the model compiles (default
+        True, as upstream): shown only when stderr is a terminal, the compile takes more than
+        about a second and ``IPUXL_PROGRESS`` is not ``0`` (``ipuxl.progress``)."""
         return self._record_flag("showCompilationProgressBar", "show_compilation_progress_bar", show, "show")
 
     def relaxOptimizerAttributesChecks(self, relax: bool = True) -> Options:  # noqa: N802

@@ -3,10 +3,12 @@
 
 The level names are upstream's (``TRACE``, ``DEBUG``, ``INFO``, ``WARN``, ``ERR``,
 ``OFF``, and the legacy integers 0-6); the initial level is read from
-``POPTORCH_LOG_LEVEL`` (default ``WARN``), as upstream. ipuxl has no C++ backend, so
-the level only applies to the Python logger. Unlike upstream, importing this module
-installs no console handler and no ``sys.excepthook``: the logger propagates to the
-root logger like any library's.
+``POPTORCH_LOG_LEVEL`` (default ``WARN``), as upstream. ipuxl has no C++ backend: its
+compiler's diagnostics (compile times, graph sizes, recompiles and why, each pass) go
+to the ``"ipuxl"`` logger (``ipuxl.log``), and ``setLogLevel`` sets that logger's level
+too (``POPTORCH_LOG_LEVEL`` is read by ``ipuxl.log`` when ``IPUXL_LOG_LEVEL`` is unset).
+Unlike upstream, importing this module installs no console handler and no
+``sys.excepthook``: the logger propagates to the root logger like any library's.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import logging
 import os
 
 from ipuxl.errors import InvalidValueError
+from ipuxl.log import OFF as IPUXL_OFF, set_log_level as set_ipuxl_log_level
 
 __all__ = ["logger", "setLogLevel"]
 
@@ -43,6 +46,7 @@ def setLogLevel(level: str | int) -> None:  # noqa: N802 - PopTorch's name
     """
     name = _name_of(level)
     logger.setLevel(_LEVELS[name][1])
+    set_ipuxl_log_level(IPUXL_OFF if name == "OFF" else _LEVELS[name][1])  # ipuxl's own diagnostics
 
 
 def _name_of(level: object) -> str:
@@ -60,4 +64,4 @@ _FIX = ("pass one of " + ", ".join(repr(n) for n in _PUBLIC) + " (or upstream's 
         + ", ".join(f"{n}={_LEVELS[n][0]}" for n in _PUBLIC) + ")")
 
 
-setLogLevel(os.environ.get("POPTORCH_LOG_LEVEL", "WARN"))
+logger.setLevel(_LEVELS[_name_of(os.environ.get("POPTORCH_LOG_LEVEL", "WARN"))][1])  # ``ipuxl.log`` maps it too

@@ -63,10 +63,12 @@ from ipuxl.ops.collectives import replicated_all_reduce
 from ipuxl.ops.random import split_random_seed
 from ipuxl.ops.var_updates import copy_var_update_
 from ipuxl.optim.rules import RULES, clip_grad_norm
+from ipuxl.poptorch_compat.pipelined import pipelined_micro_batches
 from ipuxl.poptorch_compat.translate import ParamPlan
 
 if TYPE_CHECKING:
     from ipuxl.poptorch_compat.anchors import AnchorPlan, AnchorStreams
+    from ipuxl.poptorch_compat.blocks import StagePlan
 
 __all__ = ["Program", "Gradients", "StartValues", "build_program", "optimizer_structure", "hyper_values",
            "per_replica_seeds"]
@@ -131,6 +133,8 @@ class Program:
     reduction: str = "mean"
     # the anchored tensors' streams (``Options.anchorTensor``), None without anchors
     anchors: AnchorStreams | None = None
+    # the model's pipeline stages and their IPUs (``blocks``), None without blocks
+    stages: StagePlan | None = None
 
     @property
     def writes_variables(self) -> bool:
@@ -157,7 +161,8 @@ def hyper_values(program: Program, plans: list[ParamPlan]) -> dict[Variable, np.
 
 
 def build_program(ir: Ir, traced: TracedModule, forward: Graph, gradients: Gradients | None, *,
-                  micro_batches: int, start: StartValues, plans: list[ParamPlan], reduction: str = "mean") -> Program:
+                  micro_batches: int, start: StartValues, plans: list[ParamPlan], reduction: str = "mean",
+                  stages: StagePlan | None = None) -> Program:
     """Build the main graph around the imported ``forward`` (see the module docstring).
 
     Args:
@@ -169,9 +174,11 @@ def build_program(ir: Ir, traced: TracedModule, forward: Graph, gradients: Gradi
         plans: ``translate`` plans of the trained parameters (training only), in optimiser order.
         reduction: "mean" (default) or "sum": how the micro-batches' and replicas'
             gradients combine before the optimiser step.
+        stages: the model's pipeline stages (``blocks``), None without blocks; a pipeline
+            runs its micro-batches' stages in pipeline order (``pipelined``).
     """
     program = Program(ir, traced, gradients is not None, micro_batches, [], [], {}, {},
-                      trained=gradients.trained if gradients else [], reduction=reduction)
+                      trained=gradients.trained if gradients else [], reduction=reduction, stages=stages)
     trained = plans if gradients and gradients.trained else []
     with ir.main_graph:
         _add_variables(program, forward, start)
@@ -216,8 +223,11 @@ def _build_step(program: Program, forward: Graph, gradients: Gradients | None, p
     seeds = _step_seeds(inputs[program.seed] if program.seed is not None else None, micro_batches)
     loss_grad = _loss_gradient(program, forward, plans, inputs) if gradients else None
     grad_sums: list[Tensor] = []
+    # PipelinedExecution: the micro-batches' stages run in pipeline order (``pipelined``)
+    pipelined = pipelined_micro_batches(program, forward, gradients, loaded, seeds, loss_grad, inputs)
     for g in range(micro_batches):
-        grads = _micro_batch(program, forward, gradients, loaded, seeds[g], g, loss_grad, inputs)
+        grads = (pipelined[g] if pipelined is not None
+                 else _micro_batch(program, forward, gradients, loaded, seeds[g], g, loss_grad, inputs))
         if anchors and gradients:
             anchors.store_gradients(g, dict(zip(gradients.trained, grads)))
         grad_sums = list(grads) if g == 0 else [a + b for a, b in zip(grad_sums, grads)]

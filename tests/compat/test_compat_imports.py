@@ -93,8 +93,8 @@ def test_a_renamed_module_reads_as_an_attribute_and_is_removed_by_uninstall():
 
 
 @pytest.mark.parametrize("upstream, fragment", [
-    ("popxl.remote_buffer", "'popxl.remote_buffer' is part of PopXL but ipuxl does not provide it"),
-    ("popxl_addons.rts", "'popxl_addons.rts' is part of popxl.addons"),
+    ("popxl.fp8_utils", "'popxl.fp8_utils' is part of PopXL but ipuxl does not provide it"),  # remote_buffer exists (#17)
+    ("popxl_addons.route_tensor", "'popxl_addons.route_tensor' is part of popxl.addons"),  # rts exists (#17)
     ("poptorch.profiling", "'poptorch.profiling' is part of PopTorch"),
     ("popxl.not_a_module", "No module named 'popxl.not_a_module'"),
     ("poptorch.not_a_module", "No module named 'poptorch.not_a_module'"),
@@ -171,9 +171,9 @@ def test_main_runs_a_program_as_main_with_its_argv(tmp_path):
 
 
 def test_main_reports_a_missing_module_and_usage(tmp_path):
-    proc = _run_compat(tmp_path, "import popxl.remote_buffer\n")
+    proc = _run_compat(tmp_path, "import popxl.fp8_utils\n")
     assert proc.returncode == 1
-    assert "CompatImportError: 'popxl.remote_buffer' is part of PopXL" in proc.stderr
+    assert "CompatImportError: 'popxl.fp8_utils' is part of PopXL" in proc.stderr
     assert "program.py:1" in proc.stderr
     usage = subprocess.run([sys.executable, "-m", "ipuxl.compat"], capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and "usage: python -m ipuxl.compat PROGRAM.py" in usage.stderr

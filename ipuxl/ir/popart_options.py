@@ -1,0 +1,33 @@
+"""The few PopART session options PopXL programs set through ``ir._pb_ir``.
+
+PopXL programs reach past PopXL into its PopART IR for options PopXL does not wrap,
+e.g. the phased-execution tutorial's
+``ir._pb_ir.getSessionOptions().numIOTiles = 32`` before batch serialising with IO
+tiles. ``Ir._pb_ir`` answers with this stand-in so such programs run. The options are
+recorded and have no effect: the simulated device has no IO tiles (IO-tile code runs
+on the compute tiles, with the same values).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["SessionOptions", "PopartIr"]
+
+
+@dataclass
+class SessionOptions:
+    """PopART ``SessionOptions`` fields PopXL programs set (recorded, no effect)."""
+
+    numIOTiles: int = 0  # noqa: N815 - PopART's name
+    enableExplicitMainLoops: bool = True  # noqa: N815
+    useHostCopyOps: bool = True  # noqa: N815
+
+
+@dataclass
+class PopartIr:
+    """What ``ir._pb_ir`` offers: ``getSessionOptions()``."""
+
+    options: SessionOptions = field(default_factory=SessionOptions)
+
+    def getSessionOptions(self) -> SessionOptions:  # noqa: N802 - PopART's name
+        return self.options
