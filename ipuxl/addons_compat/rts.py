@@ -15,6 +15,7 @@ device has no IO tiles).
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from ipuxl.addons_compat.bound_args import SubsetBindGraph
 from ipuxl.addons_compat.graph import GraphWithNamedArgs
@@ -107,18 +108,9 @@ def all_gather_replica_sharded_graph(tensors: NamedTensors, use_io_tiles: bool =
         use_io_tiles: accepted for compatibility; no effect.
         replica_groups: the group to gather each tensor over (default: all replicas).
     """
-    ir = context.gcg().ir
     groups = _groups_by_name(tensors, replica_groups, "replica_groups")
-    graph = ir.create_empty_graph("all_gather")
-    names: list[str] = []
-    args: dict[str, Tensor] = {}
-    with graph, in_sequence(False):
-        for name, tensor in zip(*tensors.unpack()):
-            sg_t = graph_input(tensor.shape, tensor.dtype, tensor.name, meta_shape=tensor.meta_shape)
-            args[name] = sg_t
-            names.append(name)
-            graph_output(gather_replica_sharded_tensor(sg_t, use_io_tiles, groups[name]))
-    return SubsetBindGraph(graph, NamedTensors.from_dict(args)), names
+    return _per_tensor_graph(tensors, "all_gather",
+                             lambda name, t: gather_replica_sharded_tensor(t, use_io_tiles, groups[name]))
 
 
 def reduce_replica_sharded_graph(tensors: NamedTensors, op: CollectiveOps = "add", use_io_tiles: bool = False,
@@ -140,18 +132,23 @@ def reduce_replica_sharded_graph(tensors: NamedTensors, op: CollectiveOps = "add
         shard_groups: the group to shard each tensor in (default: all replicas).
         replica_group: the group to reduce over (default: all replicas).
     """
-    ir = context.gcg().ir
     groups = _groups_by_name(tensors, shard_groups, "shard_groups")
-    graph = ir.create_empty_graph("replica_reduce")
+    return _per_tensor_graph(tensors, "replica_reduce", lambda name, t: reduce_replica_sharded_tensor(
+        t, op, replica_group=replica_group, shard_group=groups[name]))
+
+
+def _per_tensor_graph(tensors: NamedTensors, graph_name: str,
+                      output: Callable[[str, Tensor], Tensor]) -> tuple[GraphWithNamedArgs, list[str]]:
+    """A graph with an input per tensor of ``tensors`` (its spec and meta shape) and, per
+    input, the output ``output(name, input)``; and the names, in sorted order."""
+    graph = context.gcg().ir.create_empty_graph(graph_name)
     names: list[str] = []
     args: dict[str, Tensor] = {}
     with graph, in_sequence(False):
         for name, tensor in zip(*tensors.unpack()):
-            sg_t = graph_input(tensor.shape, tensor.dtype, tensor.name, meta_shape=tensor.meta_shape)
-            args[name] = sg_t
+            args[name] = graph_input(tensor.shape, tensor.dtype, tensor.name, meta_shape=tensor.meta_shape)
             names.append(name)
-            graph_output(reduce_replica_sharded_tensor(sg_t, op, replica_group=replica_group,
-                                                       shard_group=groups[name]))
+            graph_output(output(name, args[name]))
     return SubsetBindGraph(graph, NamedTensors.from_dict(args)), names
 
 

@@ -122,7 +122,7 @@ def variable(data: Any, dtype: DTypeLike | None = None, name: str | None = None,
             fix="create it under `with ir.main_graph:` and pass it to the subgraph as an "
                 "input (ipuxl.graph_input), or use ipuxl.constant",
         )
-    array, torch_dtype = _host_array(data, dtype, downcast, f"variable '{name or 'variable'}'")
+    array, torch_dtype = host_array(data, dtype, downcast, f"variable '{name or 'variable'}'")
     ir = graph.ir
     shape = _grouped_shape(ir, name or "variable", array.shape, replica_grouping, retrieval_mode)
     attr = ir.unique_name(set(ir.variable_records) | set(graph.constant_data), _attr_name(name or "variable"))
@@ -166,7 +166,7 @@ def constant(data: Any, dtype: DTypeLike | None = None, name: str | None = None,
              downcast: bool = True) -> Constant:
     """Create a constant tensor in the current graph."""
     graph = context.gcg()
-    array, torch_dtype = _host_array(data, dtype, downcast, f"constant '{name or 'constant'}'")
+    array, torch_dtype = host_array(data, dtype, downcast, f"constant '{name or 'constant'}'")
     attr = graph.ir.unique_name(set(graph.constant_data) | set(graph.ir.variable_records), _attr_name(name or "constant"))
     graph.constant_data[attr] = torch.from_numpy(array).to(torch_dtype)
     node = graph.fx.get_attr(attr)
@@ -249,8 +249,9 @@ def _outputs(graph: "Graph", name: str, result: Any) -> list[Tensor]:
     return items
 
 
-def _host_array(data: Any, dtype: Any, downcast: bool, subject: str) -> tuple[np.ndarray, torch.dtype]:
-    """A private host copy of ``data`` and the device dtype (PopXL's downcast rule).
+def host_array(data: Any, dtype: Any, downcast: bool, subject: str) -> tuple[np.ndarray, torch.dtype]:
+    """A private host copy of ``data`` and the device dtype (PopXL's downcast rule), for a
+    variable or constant (``ipuxl.variable``, ``constant``, ``ir.remote``'s variables).
 
     Raises:
         InvalidArgumentError: ``data`` is a graph tensor, or its dtype (or ``dtype``)
@@ -258,7 +259,8 @@ def _host_array(data: Any, dtype: Any, downcast: bool, subject: str) -> tuple[np
             variable or constant in the message.
     """
     if isinstance(data, Tensor):
-        raise InvalidArgumentError(f"cannot initialise from graph tensor '{data.name}'",
+        raise InvalidArgumentError(f"{subject}: cannot initialise from graph tensor '{data.name}'",
+                                   where=context.user_source_line(),
                                    fix="pass host data (numpy array, torch tensor or Python number)")
     if isinstance(data, torch.Tensor):
         data = data.detach().cpu()

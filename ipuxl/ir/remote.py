@@ -44,6 +44,7 @@ from ipuxl.errors import (
 )
 from ipuxl.ir import context
 from ipuxl.ir.graph import Graph
+from ipuxl.ir.graph_builder import host_array
 from ipuxl.ir.ir import VariableRecord
 from ipuxl.ir.meta import META_SHAPE, NAME, REMOTE, ROLE, SOURCE, Role
 from ipuxl.ir.replica_grouping import ReplicaGrouping
@@ -360,26 +361,6 @@ class RemoteVariable(_HostShaped):
         return TensorLocation(TensorStorage.OffChip, rts)
 
 
-def _host_array(data: Any, dtype: DTypeLike | None, downcast: bool, subject: str) -> tuple[np.ndarray, torch.dtype]:
-    """A private host copy of ``data`` and the device dtype (PopXL's downcast rule, as ``ipuxl.variable``)."""
-    if isinstance(data, Tensor):
-        raise InvalidArgumentError(f"{subject}: cannot initialise from graph tensor '{data.name}'",
-                                   where=context.user_source_line(),
-                                   fix="pass host data (numpy array, torch tensor or Python number)")
-    if isinstance(data, torch.Tensor):
-        value = data.detach().cpu()
-        check_supported(value.dtype, subject)
-        array = value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
-    else:
-        array = np.asarray(data)
-    if dtype is not None:
-        target = check_supported(from_any(dtype, subject), subject)
-    else:
-        inferred = from_any(array.dtype, subject)
-        target = DOWNCAST.get(inferred, inferred) if downcast else inferred
-    return np.array(array, dtype=to_numpy_dtype(target), copy=True), target
-
-
 def _value_shape(ir: "Ir", name: str, data_shape: tuple[int, ...], grouping: Any,
                  retrieval_mode: str | None) -> tuple[int, ...]:
     """The full value's shape: the data's, less the leading group axis when the grouping has several groups."""
@@ -455,7 +436,7 @@ def _new_remote_variable(what: str, data: Any, buffer: Any, offset: int, dtype: 
     ir = graph.ir
     buffer = _check_buffer(what, buffer, ir)
     buffer.check_offset(offset, f"{what} '{name or 'variable'}'")
-    array, torch_dtype = _host_array(data, dtype, downcast, f"{what} '{name or 'variable'}'")
+    array, torch_dtype = host_array(data, dtype, downcast, f"{what} '{name or 'variable'}'")
     full = _full_shape(array, ir, name or "variable", grouping, retrieval_mode, shard_over is not None)
     slot = (shard_size(math.prod(full), shard_over),) if shard_over else full
     if slot != buffer.tensor_shape or dtypes.public(torch_dtype) != buffer.tensor_dtype:
@@ -552,7 +533,7 @@ def replica_sharded_variable(data: Any, dtype: DTypeLike | None = None, name: st
     graph = _main_graph("replica_sharded_variable", name)
     ir = graph.ir
     grouping, over = _sharding("replica_sharded_variable", replica_grouping, shard_over)
-    array, torch_dtype = _host_array(data, dtype, downcast, f"replica_sharded_variable '{name or 'variable'}'")
+    array, torch_dtype = host_array(data, dtype, downcast, f"replica_sharded_variable '{name or 'variable'}'")
     full = _full_shape(array, ir, name or "variable", replica_grouping, retrieval_mode, True)
     attr = ir.unique_name(set(ir.variable_records) | set(graph.constant_data) | set(remote_variable_records(ir)),
                           _attr(name or "variable"))

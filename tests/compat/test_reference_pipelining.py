@@ -9,47 +9,27 @@ training call (40 x 10 accumulated x 10 iterations = 4000 images) and one test c
 """
 from __future__ import annotations
 
-import gzip
 import math
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from compat.test_reference_programs import ACCURACY, DATA, LOSS, make_mnist_home
 from conftest import ROOT
 
-DATA = Path(os.environ.get("IPUXL_DATA", ROOT.parent / "shared" / "datasets")) / "MNIST" / "raw"
 PROGRAM = ROOT.parent / "shared" / "reference" / "pytorch_pipelining" / "mnist_pipeline.py"
 needs_program = pytest.mark.skipif(
     not (DATA / "t10k-images-idx3-ubyte.gz").exists() or not PROGRAM.exists(),
     reason="MNIST test set or the reference program not available")
-ACCURACY = re.compile(r"Accuracy on test set: (\d+\.\d+)%")
-LOSS = re.compile(r"Loss:(\d+\.\d+)")
 TRAIN_IMAGES, TEST_IMAGES = 4000, 800
-
-
-def _idx_part(source: Path, count: int, last: bool) -> bytes:
-    """The first (or ``last``) ``count`` items of an idx file, its header's count changed to match."""
-    data = gzip.open(source).read()
-    dims = data[3]
-    total = int.from_bytes(data[4:8], "big")
-    item = math.prod(int.from_bytes(data[8 + 4 * i: 12 + 4 * i], "big") for i in range(dims - 1))
-    start = 4 + 4 * dims + (total - count) * item * last
-    return data[:4] + count.to_bytes(4, "big") + data[8:4 + 4 * dims] + data[start: start + count * item]
 
 
 @pytest.fixture(scope="module")
 def mnist_home(tmp_path_factory) -> Path:
-    home = tmp_path_factory.mktemp("home")
-    raw = home / ".torch" / "datasets" / "MNIST" / "raw"
-    raw.mkdir(parents=True)
-    for split, count, last in (("train", TRAIN_IMAGES, False), ("t10k", TEST_IMAGES, True)):
-        for kind in ("images-idx3", "labels-idx1"):
-            (raw / f"{split}-{kind}-ubyte").write_bytes(_idx_part(DATA / f"t10k-{kind}-ubyte.gz", count, last))
-    return home
+    return make_mnist_home(tmp_path_factory.mktemp("home"), TRAIN_IMAGES, TEST_IMAGES)
 
 
 def _run(home: Path, *args: str) -> tuple[float, list[float]]:

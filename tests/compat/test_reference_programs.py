@@ -42,17 +42,20 @@ def _idx_part(source: Path, count: int, last: bool) -> bytes:
     return data[:4] + count.to_bytes(4, "big") + data[8:4 + 4 * dims] + data[start: start + count * item]
 
 
-@pytest.fixture(scope="module")
-def mnist_home(tmp_path_factory) -> Path:
-    """A HOME whose ~/.torch/datasets/MNIST/raw holds test-set images under all four names
-    (the first ``TRAIN_IMAGES`` for training, the last ``TEST_IMAGES`` for testing)."""
-    home = tmp_path_factory.mktemp("home")
+def make_mnist_home(home: Path, train_images: int, test_images: int) -> Path:
+    """Make ``home`` a HOME whose ~/.torch/datasets/MNIST/raw holds test-set images under all four
+    names: the first ``train_images`` for training, the last ``test_images`` for testing."""
     raw = home / ".torch" / "datasets" / "MNIST" / "raw"
     raw.mkdir(parents=True)
-    for split, count, last in (("train", TRAIN_IMAGES, False), ("t10k", TEST_IMAGES, True)):
+    for split, count, last in (("train", train_images, False), ("t10k", test_images, True)):
         for kind in ("images-idx3", "labels-idx1"):
             (raw / f"{split}-{kind}-ubyte").write_bytes(_idx_part(DATA / f"t10k-{kind}-ubyte.gz", count, last))
     return home
+
+
+@pytest.fixture(scope="module")
+def mnist_home(tmp_path_factory) -> Path:
+    return make_mnist_home(tmp_path_factory.mktemp("home"), TRAIN_IMAGES, TEST_IMAGES)
 
 
 def _env(home: Path) -> dict[str, str]:

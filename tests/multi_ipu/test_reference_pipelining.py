@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from compat.test_reference_programs import DATA, REFERENCE, _check_trained, _env, _idx_part
+from compat.test_reference_programs import DATA, REFERENCE, _check_trained, _env, make_mnist_home
 from conftest import ROOT
 
 POPXL_4 = REFERENCE / "popxl_4_pipelining" / "mnist.py"
@@ -20,15 +20,7 @@ TRAIN_IMAGES, TEST_IMAGES = 1200, 400
 
 @pytest.fixture(scope="module")
 def small_mnist_home(tmp_path_factory) -> Path:
-    """A HOME whose ~/.torch/datasets/MNIST/raw holds test-set images: the first ``TRAIN_IMAGES``
-    under the train names, the last ``TEST_IMAGES`` under the test names."""
-    home = tmp_path_factory.mktemp("home")
-    raw = home / ".torch" / "datasets" / "MNIST" / "raw"
-    raw.mkdir(parents=True)
-    for split, count, last in (("train", TRAIN_IMAGES, False), ("t10k", TEST_IMAGES, True)):
-        for kind in ("images-idx3", "labels-idx1"):
-            (raw / f"{split}-{kind}-ubyte").write_bytes(_idx_part(DATA / f"t10k-{kind}-ubyte.gz", count, last))
-    return home
+    return make_mnist_home(tmp_path_factory.mktemp("home"), TRAIN_IMAGES, TEST_IMAGES)
 
 
 @pytest.mark.skipif(not (DATA / "t10k-images-idx3-ubyte.gz").exists() or not POPXL_4.exists(),
