@@ -2,23 +2,31 @@
 
 Every op and variable has an IPU (``ipuxl.ir.placement``; absent: IPU 0). Each IPU
 has its own memory (``IpuSpec.memory_bytes``), so a program placed on N IPUs fits
-when each IPU's share fits. ``ipu_report(ir)`` accounts, per IPU of one replica:
+when each IPU's share fits. ``ipu_report(ir)`` does the accounting.
 
-* **variables**: the variables placed on it (an unplaced one: on the IPU of its first
-  reader); **constants**: on the IPU of their first reader;
-* **code**: its main-graph ops, plus every graph its calls reach, once per IPU (a
-  graph called on two IPUs is compiled on both), sized as ``resources`` does;
-* **peak activations**: the main graph's live activations (memory schedule) whose
-  producer is on it, plus a callee's own peak while a call on it runs;
-* **stream buffers**: one slot per stream its ops (or its calls) load or store;
+It descends from the main graph into every graph its calls and repeats run
+(once per graph and IPU of its caller) and charges each node to **its own IPU**: its
+``IPU`` meta, else the IPU of its first placed input (an unplaced optimiser update runs
+with its weight), else that of its first reader (a host load feeds the stage that reads
+it), else its caller's IPU. So a PopTorch program, whose stages run inside the main
+graph's ``repeat`` body, is split as its blocks are. Per IPU of one replica:
+
+* **variables** and **constants** of every compiled graph, once each (a variable stored
+  off-chip by its tensor location counts in ``offchip_bytes``, not on-chip);
+* **code**: the op instances charged to it, once per (op, IPU) (a graph called on two IPUs
+  is compiled on both), plus the outlined call sites it runs, sized as ``resources`` does;
+  summed over the IPUs it is ``resources.estimate``'s code of a program whose graphs run
+  on one IPU each;
+* **peak activations**: the live activations charged to it (memory schedule), plus a
+  callee's own per-IPU peak while a call runs;
+* **stream buffers**: one slot per stream its nodes load or store;
 * **FLOPs** of one ``Session.run`` and the **cross-IPU copy bytes** it sends and
   receives (``ops.ipu_copy``, counted per execution);
 * for a pipelined program (calls recorded with ``PIPELINE_STAGE``), the pipeline
   schedule (``ipuxl.device.pipeline``) and each IPU's idle fraction.
 
 ``check_each_ipu`` raises ``OutOfMemoryError`` naming the first IPU that does not fit
-(``resources.check_fits`` calls it for programs on several IPUs). A subgraph runs on
-the IPU of the op that calls it; its own ops' placement is not used here.
+(``resources.check_fits`` calls it for programs on several IPUs).
 """
 from __future__ import annotations
 
@@ -28,14 +36,16 @@ from typing import TYPE_CHECKING
 import torch.fx as fx
 
 from ipuxl.device.pipeline import PipelineSchedule, pipeline_schedule
-from ipuxl.device.report import format_flops, graph_flops, node_flops
-from ipuxl.device.resources import IpuSpec, call_sites, code_nodes, describe_node, get_spec, graph_code_bytes, mib
+from ipuxl.device.report import format_flops, node_flops
+from ipuxl.device.resources import (
+    IpuSpec, call_sites, code_nodes, describe_node, get_spec, held_bytes, is_inlined, mib, tensor_locations,
+)
 from ipuxl.errors import OutOfMemoryError
 from ipuxl.ir.aliases import storage_owner
-from ipuxl.ir.calls import callee, reachable_from, repeat_count, transfer_counts
-from ipuxl.ir.meta import OP, PIPELINE_STAGE, ROLE, STREAM, Role
+from ipuxl.ir.calls import callee, is_host_transfer, repeat_count
+from ipuxl.ir.meta import IPU, OP, PIPELINE_STAGE, ROLE, STREAM, Role
 from ipuxl.ir.placement import ipu_of, num_ipus
-from ipuxl.passes.liveness import live_profile, node_bytes, tensor_bytes
+from ipuxl.passes.liveness import node_bytes, tensor_bytes
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
@@ -62,6 +72,8 @@ class IpuUsage:
     copy_out_bytes: int = 0
     copy_in_bytes: int = 0
     idle_fraction: float | None = None
+    offchip_bytes: int = 0
+    """Its variables stored in Streaming Memory by their tensor location (not in ``total_bytes``)."""
 
     @property
     def total_bytes(self) -> int:
@@ -117,6 +129,9 @@ class IpuReport:
         lines = [f"IPUs: {len(self.ipus)} (memory of each: {mib(self.spec.memory_bytes)} MiB; sizes in MiB, "
                  "copies in KiB per Session.run)"]
         lines += ["  " + "  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+        if any(u.offchip_bytes for u in self.ipus):
+            lines.append("Off-chip variables (tensor locations, Streaming Memory): " + ", ".join(
+                f"IPU {u.ipu}: {mib(u.offchip_bytes)} MiB" for u in self.ipus if u.offchip_bytes))
         if self.copies:
             lines.append("Cross-IPU copies per Session.run: " + ", ".join(
                 f"IPU {s} -> IPU {d}: {_kib(b)} KiB" for (s, d), b in sorted(self.copies.items())))
@@ -165,37 +180,155 @@ def pipeline_of(graph: "Graph") -> tuple[PipelineSchedule, dict[int, int]] | Non
     return pipeline_schedule(stages, max(micro_batches, 1)), stage_ipus
 
 
-def _activations(graph: "Graph", usages: list[IpuUsage]) -> None:
-    """Per-IPU peak of the main graph's live activations (``passes.liveness``' rules)."""
-    from ipuxl.passes.schedule import memory_schedule
+def _placement(graph: "Graph", default: int) -> dict[fx.Node, int]:
+    """The IPU of each node of ``graph`` when the graph runs on IPU ``default``.
 
-    nodes = [n for n in memory_schedule(graph) if n.op not in ("placeholder", "get_attr", "output")]
-    position = {n: i for i, n in enumerate(nodes)}
-    last_use: dict[fx.Node, int] = {}
+    A node's own ``IPU`` meta wins. An unplaced op runs where its inputs are (the first
+    placed one: the optimiser's update of a weight runs on the weight's IPU, a tuple item
+    where its op ran); a node still unplaced (a host load, a slice of it, a graph input,
+    a constant) lives where its first reader runs (the source IPU of an ``ipu_copy``);
+    anything else on ``default``, the IPU of the call that runs the graph.
+    """
+    found: dict[fx.Node, int] = {}
+    nodes = list(graph.fx.nodes)
     for node in nodes:
-        for arg in node.all_input_nodes:
-            root = storage_owner(arg)
-            last_use[root] = max(last_use.get(root, -1), position.get(node, -1))
-    for t in graph.outputs:
-        last_use[storage_owner(t.node)] = len(nodes)
-    live = [0] * len(usages)
-    frees: dict[int, list[tuple[int, int]]] = {}
-    peaks: dict["Graph", int] = {}
-    for i, node in enumerate(nodes):
-        ipu, size = _ipu(node), node_bytes(node)
-        live[ipu] += size
-        if size:
-            frees.setdefault(last_use.get(node, i), []).append((ipu, size))
-        called = callee(node)
-        transient = 0
-        if called is not None:
-            if called not in peaks:
-                peaks[called] = live_profile(called).peak_bytes
-            transient = peaks[called]
-        if live[ipu] + transient > usages[ipu].activation_bytes:
-            usages[ipu].activation_bytes, usages[ipu].peak_op = live[ipu] + transient, describe_node(node)
-        for where, freed in frees.pop(i, []):
-            live[where] -= freed
+        own = node.meta.get(IPU)
+        if own is not None:
+            found[node] = int(own)
+        elif node.op == "call_function":
+            placed = [found[n] for n in node.all_input_nodes if n in found]
+            if placed:
+                found[node] = placed[0]
+    for node in reversed(nodes):
+        if node in found or node.op == "output":
+            continue
+        for user in node.users:
+            if user.meta.get(OP) == "ipu_copy" and len(user.args) >= 2 and isinstance(user.args[1], int):
+                found[node] = user.args[1]
+                break
+            if user in found:
+                found[node] = found[user]
+                break
+    for node in nodes:
+        found.setdefault(node, default)
+    return found
+
+
+@dataclass
+class _Context:
+    """One graph run on one IPU: where its nodes are and what one execution costs per IPU."""
+
+    where: dict[fx.Node, int]
+    flops: dict[int, int]
+    peaks: dict[int, tuple[int, str]]
+
+
+class _Walk:
+    """Descends from the main graph into every called graph (repeat bodies, calls), once per
+    (graph, IPU of its caller), charging each node to its own IPU (``_placement``)."""
+
+    def __init__(self, ir: "Ir", spec: IpuSpec, usages: list[IpuUsage]):
+        self.spec, self.usages, self.sites = spec, usages, call_sites(ir)
+        self.locations = tensor_locations(ir)
+        self.contexts: dict[tuple["Graph", int], _Context] = {}
+        self.code: set[tuple[fx.Node, int]] = set()
+        self.call_code: set[tuple[fx.Node, int]] = set()
+        self.attrs: set[fx.Node] = set()
+        self.streams: list[set["Stream"]] = [set() for _ in usages]
+
+    def _usage(self, ipu: int) -> IpuUsage:
+        while ipu >= len(self.usages):  # a subgraph op placed beyond num_ipus cannot happen; stay safe
+            self.usages.append(IpuUsage(len(self.usages)))
+            self.streams.append(set())
+        return self.usages[ipu]
+
+    def visit(self, graph: "Graph", default: int) -> _Context:
+        key = (graph, default)
+        if key in self.contexts:
+            return self.contexts[key]
+        where = _placement(graph, default)
+        context = _Context(where, {}, {})
+        self.contexts[key] = context  # recursion guard
+        code = {n for n in code_nodes(graph)}
+        for node in graph.fx.nodes:
+            ipu = where[node]
+            called = callee(node)
+            if node.op == "get_attr" and node not in self.attrs:
+                self.attrs.add(node)
+                stored = self.locations.get(node)
+                usage, size = self._usage(ipu), held_bytes(node, stored)
+                if stored is not None and stored.offchip:
+                    usage.offchip_bytes += size
+                elif node.meta.get(ROLE) == Role.VARIABLE:
+                    usage.variable_bytes, usage.num_variables = usage.variable_bytes + size, usage.num_variables + 1
+                else:
+                    usage.constant_bytes += size
+            elif called is not None:
+                if not is_inlined(called, self.sites):
+                    self.call_code.add((node, ipu))
+                sub = self.visit(called, ipu)
+                for where_, flops in sub.flops.items():
+                    context.flops[where_] = context.flops.get(where_, 0) + repeat_count(node) * flops
+            else:
+                flops = node_flops(node)
+                if flops:
+                    context.flops[ipu] = context.flops.get(ipu, 0) + flops
+                if node in code:
+                    self.code.add((node, ipu))
+            if is_host_transfer(node):
+                self._usage(ipu)
+                self.streams[ipu].add(node.meta[STREAM])
+        context.peaks = self._activations(graph, where)
+        return context
+
+    def _activations(self, graph: "Graph", where: dict[fx.Node, int]) -> dict[int, tuple[int, str]]:
+        """Per-IPU peak of the graph's live activations (``passes.liveness``' rules, memory
+        schedule); a call adds its callee's own per-IPU peaks while it runs."""
+        from ipuxl.passes.schedule import memory_schedule
+
+        nodes = [n for n in memory_schedule(graph) if n.op not in ("placeholder", "get_attr", "output")]
+        position = {n: i for i, n in enumerate(nodes)}
+        last_use: dict[fx.Node, int] = {}
+        for node in nodes:
+            for arg in node.all_input_nodes:
+                root = storage_owner(arg)
+                last_use[root] = max(last_use.get(root, -1), position.get(node, -1))
+        for t in graph.outputs:
+            last_use[storage_owner(t.node)] = len(nodes)
+        live: dict[int, int] = {}
+        frees: dict[int, list[tuple[int, int]]] = {}
+        peaks: dict[int, tuple[int, str]] = {}
+        for i, node in enumerate(nodes):
+            ipu, size = where[node], node_bytes(node)
+            live[ipu] = live.get(ipu, 0) + size
+            if size:
+                frees.setdefault(last_use.get(node, i), []).append((ipu, size))
+            called = callee(node)
+            transient = self.visit(called, ipu).peaks if called is not None else {}
+            for at in set(live) | set(transient):
+                total = live.get(at, 0) + transient.get(at, (0, ""))[0]
+                if total > peaks.get(at, (0, ""))[0]:
+                    inner = transient.get(at)
+                    peaks[at] = (total, inner[1] if inner and inner[0] else describe_node(node))
+            for at, freed in frees.pop(i, []):
+                live[at] -= freed
+        return peaks
+
+    def finish(self, main: _Context) -> None:
+        spec = self.spec
+        for node, ipu in self.code:
+            usage = self._usage(ipu)
+            usage.code_ops += 1
+            usage.code_bytes += spec.code_bytes_per_op
+        for _, ipu in self.call_code:
+            self._usage(ipu).code_bytes += spec.code_bytes_per_call_site
+        for usage, streams in zip(self.usages, self.streams):
+            usage.stream_bytes = sum(tensor_bytes(s.spec.to_meta()) for s in streams)
+        for ipu, flops in main.flops.items():
+            self._usage(ipu).flops = flops
+        for ipu, (peak, at) in main.peaks.items():
+            usage = self._usage(ipu)
+            usage.activation_bytes, usage.peak_op = peak, at
 
 
 def ipu_report(ir: "Ir", spec: IpuSpec | None = None) -> IpuReport:
@@ -203,38 +336,8 @@ def ipu_report(ir: "Ir", spec: IpuSpec | None = None) -> IpuReport:
     spec = get_spec(spec)
     main = ir.main_graph
     usages = [IpuUsage(i) for i in range(num_ipus(ir))]
-    sites = call_sites(ir)
-    compiled: list[set["Graph"]] = [set() for _ in usages]
-    streams: list[set[Stream]] = [set() for _ in usages]
-    memo: dict["Graph", int] = {}
-    for node in main.fx.nodes:
-        usage = usages[_ipu(node)]
-        called = callee(node)
-        if node.op == "get_attr":
-            size = tensor_bytes(node.meta.get("val"))
-            if ipu_of(node) is None:  # unplaced: on the IPU of the op that reads it first
-                usage = usages[_ipu(next(iter(node.users)))] if node.users else usages[0]
-            if node.meta.get(ROLE) == Role.VARIABLE:
-                usage.variable_bytes, usage.num_variables = usage.variable_bytes + size, usage.num_variables + 1
-            else:
-                usage.constant_bytes += size
-        elif called is not None:
-            compiled[usage.ipu].update(reachable_from([called]))
-            streams[usage.ipu].update(transfer_counts(called))
-            usage.flops += repeat_count(node) * graph_flops(called, memo)
-        else:
-            usage.flops += node_flops(node)
-            if node.meta.get(ROLE) in Role.STREAMS and STREAM in node.meta:
-                streams[usage.ipu].add(node.meta[STREAM])
-    for node in code_nodes(main):
-        usages[_ipu(node)].code_ops += 1
-    for usage in usages:
-        usage.code_bytes = usage.code_ops * spec.code_bytes_per_op
-        for graph in compiled[usage.ipu]:
-            g_code, g_ops, _ = graph_code_bytes(graph, sites, spec)
-            usage.code_bytes, usage.code_ops = usage.code_bytes + g_code, usage.code_ops + g_ops
-        usage.stream_bytes = sum(tensor_bytes(s.spec.to_meta()) for s in streams[usage.ipu])
-    _activations(main, usages)
+    walk = _Walk(ir, spec, usages)
+    walk.finish(walk.visit(main, 0))
     copies = copy_bytes(main)
     for (source, destination), size in copies.items():
         if source < len(usages):

@@ -35,6 +35,13 @@ of a phased program are those of its largest phase. ``remote_traffic(ir)`` count
 bytes moved per run (``ProgramReport`` shows them per step with the time they take at
 ``IpuSpec.streaming_memory_bandwidth`` next to the compute estimate).
 
+**Tensor locations** (PopTorch's ``Options.TensorLocations``; ``tensor_locations(ir)``): a
+variable recorded off-chip (``StoredTensor(offchip=True)``) is accounted in Streaming
+Memory instead of on-chip (values and program unchanged: the simulation keeps it where
+it was and only accounts it off-chip), and each step loads it once and, when the program
+updates it, stores it once (``remote_traffic``). With replicated tensor sharding
+(``shards`` > 1) each replica holds ``ceil(bytes / shards)`` of it, on-chip or off-chip.
+
 Which spec is used: the ``spec=`` argument when given, else ``DEFAULT_SPEC``
 (reassign it or call ``set_default_spec``) with the fields named by environment
 variables replaced: ``IPUXL_IPU_MEMORY_MIB`` (total memory per IPU, MiB),
@@ -68,6 +75,7 @@ if TYPE_CHECKING:
 __all__ = [
     "IpuSpec", "DEFAULT_SPEC", "ResourceEstimate", "CallSite", "estimate", "check_fits", "get_spec",
     "set_default_spec", "use_spec", "call_sites", "code_nodes", "op_type", "mib", "RemoteTraffic", "remote_traffic",
+    "StoredTensor", "tensor_locations", "held_bytes",
 ]
 
 KiB, MiB = 1024, 1024 * 1024
@@ -251,6 +259,32 @@ def op_type(node: fx.Node) -> str:
     return str(name)
 
 
+# -- tensor locations ------------------------------------------------------------------
+@dataclass(frozen=True)
+class StoredTensor:
+    """Where a variable is stored (PopTorch's ``TensorLocations``): ``kind`` ("weight",
+    "optimizer", "accumulator"), ``offchip`` (Streaming Memory), ``shards`` (replicated
+    tensor sharding: each replica holds 1/shards of it), ``written`` (the program updates
+    it, so each step stores it back)."""
+
+    kind: str
+    offchip: bool
+    shards: int = 1
+    written: bool = False
+
+
+def tensor_locations(ir: "Ir") -> dict[fx.Node, StoredTensor]:
+    """The variables (``get_attr`` nodes) of ``ir`` with a recorded location; absent: on-chip, whole."""
+    found: dict[fx.Node, StoredTensor] = ir.__dict__.setdefault("_ipuxl_tensor_locations", {})
+    return found
+
+
+def held_bytes(node: fx.Node, where: StoredTensor | None) -> int:
+    """Bytes one replica holds of variable ``node`` stored as ``where``."""
+    size = tensor_bytes(node.meta.get("val"))
+    return size if where is None or where.shards <= 1 else -(-size // where.shards)
+
+
 # -- the estimate ---------------------------------------------------------------------
 @dataclass
 class ResourceEstimate:
@@ -278,6 +312,9 @@ class ResourceEstimate:
     code_loaded_graphs: int = 0
     loaded_code_bytes: int = 0
     """The on-chip region code-loaded graphs run from (the largest of them; part of ``code_bytes``)."""
+    offchip_variable_bytes: int = 0
+    """Variables stored off-chip by their tensor location (``tensor_locations``), per replica."""
+    num_offchip_variables: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -287,7 +324,7 @@ class ResourceEstimate:
     @property
     def streaming_memory_bytes(self) -> int:
         """Streaming Memory (off-chip) bytes of one replica."""
-        return self.remote_buffer_bytes + self.remote_code_bytes
+        return self.remote_buffer_bytes + self.remote_code_bytes + self.offchip_variable_bytes
 
     @property
     def available_bytes(self) -> int:
@@ -303,14 +340,16 @@ class ResourceEstimate:
 
     def streaming_line(self) -> str | None:
         """The Streaming Memory row of the breakdown (None when the program uses none)."""
-        if not (self.num_remote_buffers or self.code_loaded_graphs):
+        if not (self.num_remote_buffers or self.code_loaded_graphs or self.num_offchip_variables):
             return None
         code = (f", code of {self.code_loaded_graphs} code-loaded graph{'s' * (self.code_loaded_graphs != 1)} "
                 f"{mib(self.remote_code_bytes)} MiB (on-chip while loaded: {mib(self.loaded_code_bytes)} MiB)"
                 if self.code_loaded_graphs else "")
+        offchip = (f", {self.num_offchip_variables} variable{'s' * (self.num_offchip_variables != 1)} stored off-chip "
+                   f"(tensor locations) {mib(self.offchip_variable_bytes)} MiB" if self.num_offchip_variables else "")
         return (f"  {'Streaming Memory:':<18} {mib(self.streaming_memory_bytes)} MiB  (off-chip, per replica, of "
                 f"{mib(self.spec.streaming_memory_bytes)} MiB: {self.num_remote_buffers} remote "
-                f"buffer{'s' * (self.num_remote_buffers != 1)} {mib(self.remote_buffer_bytes)} MiB{code})")
+                f"buffer{'s' * (self.num_remote_buffers != 1)} {mib(self.remote_buffer_bytes)} MiB{code}{offchip})")
 
     def components(self) -> list[tuple[str, int, str]]:
         """(name, bytes, detail) per part of the total."""
@@ -413,11 +452,16 @@ def estimate(ir: "Ir", spec: IpuSpec | None = None) -> ResourceEstimate:
     by_graph: dict[str, int] = {}
     loaded = code_loaded_graphs(ir)
     remote_code = region = 0
+    locations = tensor_locations(ir)
+    offchip = num_offchip = 0
     for graph in graphs:
         for node in graph.fx.nodes:
             if node.op == "get_attr":
-                size = tensor_bytes(node.meta.get("val"))
-                if node.meta.get(ROLE) == Role.VARIABLE:
+                where = locations.get(node)
+                size = held_bytes(node, where)
+                if where is not None and where.offchip:
+                    offchip, num_offchip = offchip + size, num_offchip + 1
+                elif node.meta.get(ROLE) == Role.VARIABLE:
                     variables += size
                     num_variables += 1
                 else:
@@ -439,7 +483,7 @@ def estimate(ir: "Ir", spec: IpuSpec | None = None) -> ResourceEstimate:
         num_streams=len(streams), code_bytes_by_graph=by_graph, schedule=schedule,
         remote_buffer_bytes=sum(b.nbytes for b in buffers), num_remote_buffers=len(buffers),
         remote_code_bytes=remote_code, code_loaded_graphs=sum(1 for g in loaded if g in graphs),
-        loaded_code_bytes=region)
+        loaded_code_bytes=region, offchip_variable_bytes=offchip, num_offchip_variables=num_offchip)
 
 
 @dataclass(frozen=True)
@@ -447,8 +491,10 @@ class RemoteTraffic:
     """Bytes one run of the main program moves between Streaming Memory and the chip (one replica)."""
 
     loaded_bytes: int = 0
-    """``remote_load``/``remote_load_`` data, executed count (calls and repeat counts included)."""
+    """``remote_load``/``remote_load_`` data, executed count (calls and repeat counts included),
+    plus each off-chip variable (``tensor_locations``) once per step."""
     stored_bytes: int = 0
+    """``remote_store`` data, plus each off-chip variable the program updates once per step."""
     code_bytes: int = 0
     """Code brought on-chip by ``remote_code_load``."""
 
@@ -491,7 +537,13 @@ def remote_traffic(ir: "Ir", spec: IpuSpec | None = None) -> RemoteTraffic:
         memo[graph] = (load, store, code)
         return memo[graph]
 
-    return RemoteTraffic(*walk(ir.main_graph))
+    load, store, code = walk(ir.main_graph)
+    for node, where in tensor_locations(ir).items():  # off-chip variables: loaded (stored) once per step
+        if where.offchip and node.graph is ir.main_graph.fx:
+            steps = max((repeat_count(u) if is_repeat(u) else 1 for u in node.users), default=0)
+            size = held_bytes(node, where)
+            load, store = load + steps * size, store + (steps * size if where.written else 0)
+    return RemoteTraffic(load, store, code)
 
 
 def check_fits(ir: "Ir", spec: IpuSpec | None = None, where: str | None = None) -> ResourceEstimate:

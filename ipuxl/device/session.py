@@ -663,6 +663,7 @@ class Session:
         for replica, variables in zip(self._plan.local, self._replica_vars):
             if record.shard_over:  # each replica its shard (device.streaming_memory)
                 write_device(record, host, self._built.replicas, replica, variables[attr])
+                self._memory.forget_gathered(tensor)  # torchrun: other processes' shards are pre-write
                 continue
             row = self._host_row(record, replica)
             variables[attr].copy_(torch.from_numpy(host if row is None else host[row]))

@@ -12,8 +12,12 @@ tensor on the host and each replica's shard on the device: member ``i`` of a sha
 group gets the ``i``-th 1-D shard of the flattened, zero-padded value; reading gathers
 the shards of the group's first ``shard_over`` members. Under torchrun every run ends by
 gathering all replicas' shards of the sharded variables into every process
-(``gather_shards``), so each process reads the full tensors; an unsharded host row whose
-replicas all run in other processes keeps its last value (as for on-chip variables).
+(``gather_shards``), so each process reads the full tensors; a write from the host
+(``write_variable_data``, ``weights_from_host``) drops those gathered shards, so until
+the next run the host keeps the written value instead of mixing in shards from before
+the write. Before any run nothing is gathered and the host holds the initial value.
+An unsharded host row whose replicas all run in other processes keeps its last value
+(as for on-chip variables).
 """
 from __future__ import annotations
 
@@ -197,6 +201,7 @@ class StreamingMemory:
         """Copy the host buffers of ``tensors`` (default: all) into every local replica's slots."""
         for tensor in tensors if tensors is not None else list(self.records):
             record = self.records[tensor]
+            self.forget_gathered(tensor)
             for index, replica in enumerate(self.local):
                 write_device(record, self.host[tensor], self.replicas, replica, self._slot(index, record))
 
@@ -214,6 +219,12 @@ class StreamingMemory:
                 values[tensor] = [self._slot(i, record) for i in range(len(self.local))]
         for tensor, shards in values.items():  # the same order in every process: the IR's
             self.gathered[tensor] = gather(torch.stack(shards))
+
+    def forget_gathered(self, tensor: "Variable") -> None:
+        """Drop the other processes' shards of ``tensor`` gathered after the last run: the host
+        has just written it (every process writes the same, SPMD), so until the next run the
+        host buffer is the value of the replicas that run elsewhere (``read_host`` keeps it)."""
+        self.gathered.pop(tensor, None)
 
     def elsewhere(self, tensor: "Variable", replica: int) -> torch.Tensor | None:
         """Replica ``replica``'s shard of ``tensor`` as gathered after the last run (None: not known)."""

@@ -72,7 +72,12 @@ class TensorSpec:
         return self.shape, dtypes.public(self.dtype), self.meta_shape
 
     def __repr__(self) -> str:
-        return f"TensorSpec(shape={self.shape}, dtype={dtype_name(self.dtype)})"
+        meta = f", meta_shape={self.meta_shape}" if self.meta_shape else ""
+        return f"TensorSpec(shape={self.shape}, dtype={dtype_name(self.dtype)}{meta})"
+
+    def same_data(self, other: "TensorSpec") -> bool:
+        """Whether ``other`` has this shape and dtype (the meta shape is a layout annotation, not data)."""
+        return (self.shape, self.dtype) == (other.shape, other.dtype)
 
 
 class Tensor:
@@ -122,7 +127,8 @@ class Tensor:
 
     @property
     def spec(self) -> TensorSpec:
-        return TensorSpec(self.shape, self._meta.dtype)
+        """Shape, dtype and meta shape (PopXL's ``Tensor.spec``: a sharded tensor's spec keeps its meta shape)."""
+        return TensorSpec(self.shape, self._meta.dtype, self.meta_shape)
 
     @property
     def ir(self) -> "Ir":

@@ -185,7 +185,7 @@ def repeat_with_info(graph: Graph, repeat_count: int, *inputs: Any,
             f"({len(graph.inputs)} < {n_out})", where=context.user_source_line(),
             fix="the first N inputs are loop-carried from the N outputs; add matching inputs")
     for i, (t_in, t_out) in enumerate(zip(graph.inputs, graph.outputs)):
-        if t_in.spec != t_out.spec:
+        if not t_in.spec.same_data(t_out.spec):
             raise ShapeMismatchError(
                 f"repeat of graph '{graph.name}': loop-carried input {i} {describe(t_in)} does not match "
                 f"output {i} {describe(t_out)}", where=context.user_source_line(),
@@ -258,7 +258,7 @@ def _connect_inputs(parent: Graph, graph: Graph, inputs: Iterable[Any],
 def _connect_one(graph: Graph, graph_input: Tensor, value: Any) -> Tensor:
     if not isinstance(value, Tensor):
         value = constant(value, dtype=graph_input.dtype, name=f"{graph_input.name}_const")
-    if value.spec != graph_input.spec:
+    if not value.spec.same_data(graph_input.spec):
         raise ShapeMismatchError(
             f"call of graph '{graph.name}': input '{graph_input.name}' expects "
             f"{graph_input.shape} {dtype_name(graph_input.dtype)}, got {describe(value)}",

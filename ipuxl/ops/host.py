@@ -73,7 +73,7 @@ def host_store(d2h_stream: DeviceToHostStream, t: Tensor) -> None:
             f"host_store of stream '{d2h_stream.name}' needs a Tensor to store, got {describe(t)}",
             where=context.user_source_line(), fix="pass a tensor of the current graph: ops.host_store(stream, t)")
     check_same_graph(graph, "host_store", (t,), {})  # before the slot is added: no half-built store
-    if t.spec != d2h_stream.spec:
+    if not t.spec.same_data(d2h_stream.spec):
         raise ShapeMismatchError(
             f"host_store: stream '{d2h_stream.name}' carries {d2h_stream.shape} "
             f"{dtype_name(d2h_stream.dtype)}, got tensor {describe(t)}",

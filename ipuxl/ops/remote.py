@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import torch
 
-from ipuxl.errors import InvalidArgumentError, InvalidValueError, WrongGraphError
+from ipuxl.errors import InvalidArgumentError, InvalidValueError, UnsupportedError, WrongGraphError
 from ipuxl.ir import context
 from ipuxl.ir.build import emit
 from ipuxl.ir.graph import Graph, describe
@@ -103,25 +103,42 @@ def remote_store(remote_buffer: RemoteBuffer, offset: int | Tensor, t: Tensor) -
     _mark(out, buffer)
 
 
-def remote_code_load(graph: Graph, destination: Literal["executable", "buffer"] = "executable") -> None:
+#: PopXL's code locations; only "executable" is implemented there (and here).
+CODE_LOCATIONS = ("executable", "compute_buffer", "io_buffer")
+
+
+def remote_code_load(graph: Graph, destination: Literal["executable", "compute_buffer", "io_buffer"]) -> None:
     """Load ``graph``'s code from Streaming Memory (PopXL's ``remote_code_load``).
 
     From then on ``graph``'s code lives in Streaming Memory and counts on-chip only while
     loaded (``ipuxl.device.resources``): the code-loaded graphs share one on-chip region,
-    the size of the largest. ``destination`` ``"executable"`` makes it runnable;
-    ``"buffer"`` (accepted, as PopXL reserves it) only copies it on-chip.
-    Values are unaffected: the simulated device always has the code.
+    the size of the largest. Values are unaffected: the simulated device always has the code.
+
+    Calling a graph before its code is loaded is not an error, as in PopXL (whose docs make
+    the order the user's responsibility): the call runs and gives the same values. The
+    resource model counts the code of every graph that has a ``remote_code_load`` anywhere
+    in the IR as code-loaded (sharing the region) however the calls and loads are ordered;
+    a graph never code-loaded is always on-chip, PopXL's rule for graphs never loaded.
 
     Raises:
-        InvalidArgumentError: ``graph`` is not a subgraph of this Ir, or an unknown destination.
+        InvalidArgumentError: ``graph`` is not a subgraph of this Ir.
+        InvalidValueError: (a ValueError, as PopXL) ``graph`` is the graph being built.
+        UnsupportedError: (a NotImplementedError, as PopXL) ``destination`` is not
+            ``"executable"`` (PopXL implements only that one).
     """
     current = context.gcg()
     if not isinstance(graph, Graph) or graph.ir is not current.ir or graph.is_main:
         raise InvalidArgumentError(f"remote_code_load needs a subgraph of this Ir, got {describe(graph)}",
                                    where=context.user_source_line(), fix="pass a graph made with ir.create_graph(...)")
-    if destination not in ("executable", "buffer"):
-        raise InvalidArgumentError(f"remote_code_load: unknown destination {destination!r}",
-                                   where=context.user_source_line(), fix="use destination='executable'")
+    if graph is current:
+        raise InvalidValueError(f"remote_code_load cannot load the code of the graph it is in ('{graph.name}')",
+                                where=context.user_source_line(),
+                                fix="load the graph's code in its caller, before the call")
+    if destination != "executable":
+        what = "is not supported (PopXL implements only 'executable')" if destination in CODE_LOCATIONS \
+            else f"is not a code location (one of {', '.join(CODE_LOCATIONS)})"
+        raise UnsupportedError(f"remote_code_load of graph '{graph.name}': destination {destination!r} {what}",
+                               where=context.user_source_line(), fix="use destination='executable'")
     code_loaded_graphs(current.ir)[graph] = destination
     out = emit("remote_code_load", kernels.remote_code_load, (graph.name, destination), meta_fn=lambda *_: None,
                name=f"code_load_{graph.base_name}")

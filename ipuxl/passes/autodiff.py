@@ -116,12 +116,14 @@ def autodiff(graph: Graph, grads_provided: Iterable[Tensor] | None = None,
     Raises:
         AutodiffError: a requested gradient has no differentiable path, a tensor is
             not an input/output of ``graph``, the graph contains a collective other
-            than ``replicated_all_gather``, or
+            than ``replicated_all_gather``, a Streaming Memory op (``remote_load``,
+            ``remote_load_``, ``remote_store``, ``remote_code_load``: no gradient), or
             there is nothing to differentiate: no floating-point output (of the graph,
             or in ``grads_provided``) or, with the default ``grads_required``, no
             floating-point input. Checked before anything is traced.
     """
     _refuse_collectives(graph)
+    _refuse_remote_ops(graph)
     provided = list(grads_provided) if grads_provided is not None else None
     required = list(grads_required) if grads_required is not None else None
     info = differentiate(graph, provided, required)
@@ -146,6 +148,27 @@ def _refuse_collectives(graph: Graph) -> None:
                     where=node.meta.get(SOURCE),
                     fix="differentiate the per-replica computation, then all-reduce its gradients in the caller "
                         "(ops.collectives.replicated_all_reduce_(grad, 'mean')), the usual data-parallel pattern")
+
+
+#: Streaming Memory ops: PopART's remote load/store/code-load ops have no grad ops.
+REMOTE_OPS = ("remote_load", "remote_load_", "remote_store", "remote_code_load")
+
+
+def _refuse_remote_ops(graph: Graph) -> None:
+    """Streaming Memory ops have no gradient (PopART defines no grad op for them) and need a
+    device to run: refuse a graph that contains one, before anything is traced."""
+    for g in reachable_from([graph]):
+        for node in g.fx.nodes:
+            if node.meta.get(OP) in REMOTE_OPS:
+                inside = f"graph '{g.name}'" if g is graph else f"graph '{g.name}' (called from '{graph.name}')"
+                raise AutodiffError(
+                    f"autodiff of graph '{graph.name}': {inside} contains {node.meta[OP]} ('{node.name}'); "
+                    "Streaming Memory ops (remote_load, remote_load_, remote_store, remote_code_load) have no "
+                    "gradient and cannot be part of a differentiated graph",
+                    where=node.meta.get(SOURCE),
+                    fix="load in the caller and pass the loaded tensor to the graph as an input (PopXL's phased "
+                        "execution: remote_load in the main graph, call the forward/grad graphs, then "
+                        "remote_store the updated tensors); code-load graphs in the caller too")
 
 
 def _differentiated_callees(graph: Graph) -> dict[Graph, GradGraphInfo]:

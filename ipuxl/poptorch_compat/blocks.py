@@ -762,27 +762,19 @@ def pipeline_schedule_of(program: Program, device_iterations: int) -> tuple[Pipe
 
 
 def annotate_report(report: ProgramReport, program: Program, device_iterations: int) -> ProgramReport:
-    """Complete the per-IPU part of a PopTorch program's report: FLOPs by the IPU of each
-    op of the forward and grad graphs (the device counts a called graph on its caller's
-    IPU) and the pipeline schedule with each IPU's idle fraction."""
+    """Complete the per-IPU part of a PopTorch program's report: the copies PopTorch inserts
+    at stage boundaries and the pipeline schedule with each IPU's idle fraction. (Memory and
+    FLOPs per IPU come from ``device.ipus.ipu_report``, which charges each op of the stage
+    graphs to its own IPU.)"""
     ipus = report.ipus
     if program.stages is None or ipus is None:
         return report
     runs = program.micro_batches * program.ir.num_host_transfers
-    placed = [0] * len(ipus.ipus)
-    for graph in program.stages.graphs:
-        for node in graph.fx.nodes:
-            ipu = node.meta.get(IPU)
-            if ipu is not None and node.op == "call_function" and ipu < len(placed):
-                placed[ipu] += runs * node_flops(node)
-    for usage, flops in zip(ipus.ipus, placed):
-        usage.flops = flops
     for (source, destination), size in _stage_copies(program, runs).items():
         ipus.copies[(source, destination)] = ipus.copies.get((source, destination), 0) + size
         if max(source, destination) < len(ipus.ipus):
             ipus.ipus[source].copy_out_bytes += size
             ipus.ipus[destination].copy_in_bytes += size
-    ipus.ipus[0].flops += max(report.flops_per_run - sum(placed), 0)  # the optimiser, loads and stores
     found = pipeline_schedule_of(program, device_iterations)
     if found is not None:
         ipus.schedule, ipus.stage_ipus = found

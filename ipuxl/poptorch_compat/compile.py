@@ -33,6 +33,7 @@ from ipuxl.ir.tensor import Tensor
 from ipuxl.passes.outline import outline_ir
 from ipuxl.poptorch_compat.blocks import check_depth, place_gradients, place_variables, placement
 from ipuxl.poptorch_compat.enums import ReductionType
+from ipuxl.poptorch_compat.locations import apply_tensor_locations
 from ipuxl.poptorch_compat.options import Options
 from ipuxl.poptorch_compat.precision import precision_rules
 from ipuxl.poptorch_compat.program import Gradients, Program, StartValues, build_program
@@ -77,6 +78,7 @@ def compile_model(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], *
                             reduction=gradient_reduction(options), stages=stages)
     if stages is not None:
         place_variables(program, forward)
+    apply_tensor_locations(program, options)  # Options.TensorLocations, in the resource model
     if options.auto_outline:
         with stage("outline"):
             outline_program(program)

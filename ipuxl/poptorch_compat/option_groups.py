@@ -363,8 +363,9 @@ class TrainingOptions(OptionGroup):
 
 class TensorLocationSettings(OptionGroup):
     """Where one kind of tensor is stored (``poptorch.TensorLocationSettings``), passed to
-    ``opts.TensorLocations.set*Location``. Recorded; ipuxl keeps every tensor in one
-    memory, so these have no effect on a simulated device."""
+    ``opts.TensorLocations.set*Location``. Honoured by the resource model for weights and
+    optimiser state (off-chip tensors are counted in Streaming Memory with their per-step
+    traffic, sharded ones per replica: ``poptorch_compat.locations``); values are unchanged."""
 
     _path = "TensorLocationSettings"
     _upstream_name = "TensorLocationSettings"
@@ -416,8 +417,9 @@ class TensorLocationSettings(OptionGroup):
 
 class TensorLocationOptions(OptionGroup):
     """``opts.TensorLocations``: where activations, weights, optimiser state and
-    accumulators live, and how many IO tiles there are. Recorded (``toDict()``); no
-    effect on a simulated device (one memory per replica)."""
+    accumulators live, and how many IO tiles there are. Recorded (``toDict()``); weight and
+    optimiser locations are honoured in the resource model (``poptorch_compat.locations``),
+    activation and accumulator locations and IO tiles have no effect on the simulated device."""
 
     _path = "Options.TensorLocations"
     _upstream_name = "_TensorLocationOptions"

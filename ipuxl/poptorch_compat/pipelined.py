@@ -16,10 +16,20 @@ micro-batches of a training step to ``pipelined_micro_batches``, which
    gradients, which the step sums in micro-batch order.
 
 Every stage sees the micro-batches in order and reads only its own micro-batch's
-values, so the results equal the step without pipelining, bit for bit. Without a
-split (sharded or phased execution, inference, a single stage, or a grad graph the
-stages cannot be cut from) the step calls the whole forward and grad graphs per
-micro-batch, and ``report()`` still shows the schedule a pipeline would run.
+values, so the results equal the step without pipelining, bit for bit.
+
+**Pipelined inference** spans device iterations, as PopART's (``batchesPerStep`` is the
+pipeline's depth): ``pipelined_inference`` builds the whole run as one step (the main
+graph's ``repeat`` runs it once) that loads each of the ``deviceIterations`` micro-batches
+when stage 0 first needs it, calls the N forward stages in pipeline order over them
+(``pipeline_schedule(N, deviceIterations)``) and stores each micro-batch's outputs
+after its last stage, in order, so the host streams see the same ``deviceIterations``
+transfers as without pipelining and the results equal unsplit inference.
+
+Without a split (sharded or phased execution, a single stage, a graph the stages cannot
+be cut from; for inference also a model that draws random numbers, updates buffers or
+inputs in place, or anchors tensors) the step calls the whole forward and grad graphs
+per micro-batch, and ``report()`` still shows the schedule a pipeline would run.
 """
 from __future__ import annotations
 
@@ -32,7 +42,7 @@ from ipuxl.errors import OptionsError
 from ipuxl.ir.grad_info import ExpectedConnectionType
 from ipuxl.ir.context import gcg
 from ipuxl.ir.meta import CALLED_GRAPH, IPU, PIPELINE_STAGE
-from ipuxl.ops import cast, host_store
+from ipuxl.ops import cast, host_load, host_store
 from ipuxl.ops.call import call
 from ipuxl.ops.var_updates import copy_var_update_
 from ipuxl.poptorch_compat.stages import FromInput, FromStage, Source, StageSplit, split_by_stage
@@ -42,7 +52,7 @@ if TYPE_CHECKING:
     from ipuxl.ir.tensor import Tensor, Variable
     from ipuxl.poptorch_compat.program import Gradients, Program
 
-__all__ = ["pipelined_micro_batches"]
+__all__ = ["pipelined_micro_batches", "pipelined_inference"]
 
 
 def pipelined_micro_batches(program: Program, forward: Graph, gradients: Gradients | None, loaded: list[Tensor],
@@ -168,3 +178,36 @@ def _call_stage(split: StageSplit, stage: int, args: list[Tensor]) -> tuple[Tens
     if stage in split.ipus:
         node.meta[IPU] = split.ipus[stage]
     return tuple(outputs)
+
+
+def pipelined_inference(program: Program, forward: Graph, inputs: dict[Variable, Tensor], iterations: int) -> bool:
+    """Build a pipelined inference run over ``iterations`` device iterations in the current
+    (step) graph (see the module docstring). False, building nothing, when the program is
+    not a pipeline that can run so: the caller then builds the usual one-iteration step."""
+    plan, traced = program.stages, program.traced
+    if (plan is None or plan.kind != "pipelined" or plan.num_stages < 2 or program.training
+            or iterations < plan.num_stages or program.anchors is not None or program.seed is not None
+            or traced.mutated or program.input_updates or program.float_statistics):
+        return False
+    try:
+        split = split_by_stage(forward, f"{traced.name}_forward")
+    except OptionsError:
+        return False
+    params = [inputs[program.params[n]] for n in traced.params] + [inputs[program.buffers[n]] for n in traced.buffers]
+    args: dict[int, list[Tensor]] = {}
+    outs: dict[tuple[int, int], tuple[Tensor, ...]] = {}
+
+    def value(source: Source, d: int) -> Tensor:
+        if isinstance(source, FromInput):
+            return args[d][source.index]
+        return outs[(source.stage, d)][source.index]
+
+    for stage, d in pipeline_schedule(plan.num_stages, iterations).steps():
+        if d not in args:  # micro-batch d arrives when the pipeline first needs it
+            args[d] = [host_load(stream, name) for stream, name in zip(program.inputs, traced.input_names)] + params
+        if stage in split.graphs:
+            outs[(stage, d)] = _call_stage(split, stage, [value(s, d) for s in split.inputs[stage]])
+        if stage == plan.num_stages - 1:
+            for j in range(traced.n_outputs):  # leaves after its last stage, in micro-batch order
+                host_store(program.outputs[j][0], value(split.outputs[j], d))
+    return True

@@ -18,7 +18,9 @@ would write by hand for the same model:
   ``ipuxl.optim.rules`` in place.
 
 An inference program loads the batch, calls the eval-mode forward, writes back the
-buffers it updates and stores its outputs. In both, a tensor input that forward
+buffers it updates and stores its outputs. A pipelined inference program (``PipelinedExecution``)
+runs every device iteration in one step through the stages in pipeline order
+(``pipelined.pipelined_inference``; the ``repeat`` then runs once). In both, a tensor input that forward
 changes in place gets a device-to-host stream per micro-batch with its new value
 (``Program.input_updates``), which the executor copies into the caller's tensor.
 Output modes (All/Final/Sum/EveryN) are applied on the host to the per-micro-batch
@@ -63,7 +65,7 @@ from ipuxl.ops.collectives import replicated_all_reduce
 from ipuxl.ops.random import split_random_seed
 from ipuxl.ops.var_updates import copy_var_update_
 from ipuxl.optim.rules import RULES, clip_grad_norm
-from ipuxl.poptorch_compat.pipelined import pipelined_micro_batches
+from ipuxl.poptorch_compat.pipelined import pipelined_inference, pipelined_micro_batches
 from ipuxl.poptorch_compat.translate import ParamPlan
 
 if TYPE_CHECKING:
@@ -192,8 +194,11 @@ def build_program(ir: Ir, traced: TracedModule, forward: Graph, gradients: Gradi
         # The step is a program: its ops run in the order built (in-place updates of the
         # weights, buffers and seed come after every read of them; verify_inplace_order holds).
         with step, in_sequence():
-            _build_step(program, forward, gradients, trained, inputs)
-        repeat(step, ir.num_host_transfers, *variables)
+            # pipelined inference: one step runs every device iteration through the stages (``pipelined``)
+            whole_run = pipelined_inference(program, forward, inputs, ir.num_host_transfers)
+            if not whole_run:
+                _build_step(program, forward, gradients, trained, inputs)
+        repeat(step, 1 if whole_run else ir.num_host_transfers, *variables)
     return program
 
 

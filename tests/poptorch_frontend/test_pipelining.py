@@ -346,3 +346,52 @@ def test_pipeline_order_draws_the_same_dropout_masks_as_one_micro_batch_after_an
     assert stage_graphs == [4, 0]  # forward stages 0, 1 and backward stages 1, 2; sharded: no split
     for got, want in zip(models[0].parameters(), models[1].parameters()):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_pipelined_inference_runs_the_device_iterations_through_the_stages_in_pipeline_order(replicas):
+    """Inference with PipelinedExecution: one step runs the 5 device iterations' micro-batches
+    through the 3 stages in the textbook order; outputs equal eager inference, batch by batch."""
+    torch.manual_seed(0)
+    model = ThreeLayers()
+    opts = poptorch.Options().deviceIterations(5)
+    opts.replicationFactor(replicas)
+    opts.setExecutionStrategy(_three_stages())
+    opts.outputMode(poptorch.OutputMode.All)
+    x, y = _data(1, 5 * replicas * 4, seed=3)[0]
+    inference = poptorch.inferenceModel(model, opts)
+    for _ in range(2):  # a second run goes through the same pipeline
+        out, loss = inference(x, y)
+    expected = [model.eval()(xs, ys) for xs, ys in zip(x.chunk(5 * replicas), y.chunk(5 * replicas))]
+    torch.testing.assert_close(out, torch.cat([e[0] for e in expected]))
+    torch.testing.assert_close(loss, torch.stack([e[1] for e in expected]))
+    program = inference._sync.compiled.program
+    step = next(g for g in program.ir.graphs if g.name.startswith("device_step"))
+    called = [(n.meta[PIPELINE_STAGE], n.meta[IPU]) for n in step.fx.nodes if PIPELINE_STAGE in n.meta]
+    assert called == [(stage, stage) for stage, _ in pipeline_schedule(3, 5).steps()]
+    report = inference.report()
+    assert report.ipus is not None and report.ipus.schedule == pipeline_schedule(3, 5)
+    assert all(u.flops > 0 and u.code_ops > 0 for u in report.ipus.ipus)  # each IPU runs its own stage
+
+
+def test_pipelined_inference_with_a_buffer_update_runs_the_iterations_in_turn():
+    """A model that updates buffers in inference (BatchNorm in train mode is not used by
+    inferenceModel; a mutated input is) falls back to one iteration after another."""
+    torch.manual_seed(0)
+
+    class Counting(ThreeLayers):
+        def forward(self, x, y):
+            out, loss = super().forward(x, y)
+            x.add_(1.0)
+            return out, loss
+
+    model = Counting()
+    opts = poptorch.Options().deviceIterations(3)
+    opts.setExecutionStrategy(_three_stages())
+    opts.outputMode(poptorch.OutputMode.All)
+    x, y = _data(1, 12, seed=4)[0]
+    x_eager = x.clone()
+    out, _ = poptorch.inferenceModel(model, opts)(x, y)
+    expected = torch.cat([ThreeLayers.forward(model.eval(), xs, ys)[0] for xs, ys in zip(x_eager.chunk(3), y.chunk(3))])
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x, x_eager + 1.0)

@@ -8,7 +8,8 @@ from torch.testing import assert_close
 import ipuxl
 import ipuxl.ops as ops
 from ipuxl.device.resources import IpuSpec, estimate, remote_traffic
-from ipuxl.errors import InvalidArgumentError, OutOfMemoryError
+from ipuxl.errors import InvalidArgumentError, InvalidValueError, OutOfMemoryError, UnsupportedError
+from ipuxl.ir.remote import code_loaded_graphs
 
 F32 = ipuxl.float32
 KiB, MiB = 1024, 1024 * 1024
@@ -65,8 +66,17 @@ def test_remote_code_load_errors():
         graph = ir.create_graph(lambda t: t + 1.0, ipuxl.TensorSpec((2,), F32))
         with pytest.raises(InvalidArgumentError, match="needs a subgraph of this Ir"):
             ops.remote_code_load(ir.main_graph, "executable")
-        with pytest.raises(InvalidArgumentError, match="unknown destination 'host'"):
+        # PopXL implements only "executable": the others (and unknown names) are NotImplementedErrors
+        with pytest.raises(UnsupportedError, match="'io_buffer' is not supported") as info:
+            ops.remote_code_load(graph, "io_buffer")
+        assert isinstance(info.value, NotImplementedError)
+        with pytest.raises(UnsupportedError, match="'host' is not a code location"):
             ops.remote_code_load(graph, "host")
+    with graph:  # PopXL: a ValueError, the op cannot load the graph it is in
+        with pytest.raises(InvalidValueError, match="cannot load the code of the graph it is in") as v_info:
+            ops.remote_code_load(graph, "executable")
+    assert isinstance(v_info.value, ValueError)
+    assert graph not in code_loaded_graphs(ir)  # nothing was recorded by the refused calls
 
 
 def _phased_program(remote: bool, layers: int = 4, width: int = 64, steps: int = 2):

@@ -1,0 +1,108 @@
+"""Host reads of replica-sharded variables under torchrun, around writes and runs.
+
+Each process holds only its own replicas' shards; the others' come from the gather at the
+end of each run. Reads before any run are the initial value (the device holds it), and a
+write (``write_variable_data`` or ``weights_from_host``) is what a later ``weights_to_host``
+reads back until the next run, not a mix of the new local shard and other processes'
+shards from before the write. The processes run this file as a script; one process with
+in-process replicas must read exactly the same values.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve()
+REPLICAS = 2
+LAUNCH_TIMEOUT = 120
+W0 = np.arange(15, dtype=np.float32).reshape(5, 3) / 10.0
+
+
+def build(replication):
+    import ipuxl
+    import ipuxl.ops as ops
+
+    ir = ipuxl.Ir(replication=replication)
+    with ir.main_graph, ipuxl.in_sequence():
+        buffer = ipuxl.replica_sharded_buffer((5, 3), ipuxl.float32)
+        w = ipuxl.remote_replica_sharded_variable(W0, buffer, 0, name="w")  # +1 per run
+        ops.remote_store(buffer, 0, ops.remote_load(buffer, 0) + 1.0)
+        v, v_shard = ipuxl.replica_sharded_variable(W0 * 3.0, name="v")  # on-chip: doubled per run
+        ops.var_updates.accumulate_(v_shard, v_shard)
+    return ir, w, v
+
+
+def reads(replication) -> dict[str, np.ndarray]:
+    """The host values of w and v at each point of the sequence, as copies."""
+    import ipuxl
+
+    ir, w, v = build(replication)
+    out: dict[str, np.ndarray] = {}
+
+    def snap(key: str) -> None:
+        out[f"{key}_w"] = session.get_tensor_data(w).copy()
+        out[f"{key}_v"] = session.get_tensor_data(v).copy()
+
+    with ipuxl.Session(ir, "cpu") as session:
+        snap("initial")
+        session.weights_to_host()  # explicit: before any run it reads the initial value too
+        snap("initial_synced")
+        session.run()
+        snap("run1")
+        session.write_variable_data(w, np.full((5, 3), -1.0, np.float32))
+        session.write_variable_data(v, np.full((5, 3), 5.0, np.float32))
+        session.weights_to_host()
+        snap("written")
+        session.get_tensor_data(v)[...] = 7.0  # PopXL's pattern: edit the host buffer, then push it
+        session.weights_from_host()
+        session.weights_to_host()
+        snap("pushed")
+        session.run()
+        snap("run2")
+    return out
+
+
+def expected() -> dict[str, np.ndarray]:
+    full = lambda value: np.full((5, 3), value, np.float32)  # noqa: E731
+    return {"initial_w": W0, "initial_v": W0 * 3.0, "initial_synced_w": W0, "initial_synced_v": W0 * 3.0,
+            "run1_w": W0 + 1.0, "run1_v": W0 * 6.0, "written_w": full(-1.0), "written_v": full(5.0),
+            "pushed_w": full(-1.0), "pushed_v": full(7.0), "run2_w": full(0.0), "run2_v": full(14.0)}
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update({"OMP_NUM_THREADS": "1", "IPUXL_REPLICA_TIMEOUT": "60",
+                "PYTHONPATH": os.pathsep.join([str(HERE.parents[2]), env.get("PYTHONPATH", "")])})
+    return env
+
+
+def test_in_process_replicas_read_the_written_and_trained_values():
+    got, want = reads(REPLICAS), expected()
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        np.testing.assert_allclose(got[key], value, err_msg=key)
+
+
+def test_sharded_host_reads_over_two_processes_equal_one_process(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(REPLICAS),
+           str(HERE), str(tmp_path)]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    want = reads(REPLICAS)
+    for rank in range(REPLICAS):
+        with np.load(tmp_path / f"rank{rank}.npz") as got:
+            assert set(got.files) == set(want)
+            for key, value in want.items():
+                np.testing.assert_array_equal(got[key], value, err_msg=f"rank {rank}: {key}")
+
+
+if __name__ == "__main__":
+    from ipuxl.device.replicas import world
+
+    result = reads("popdist")
+    np.savez(Path(sys.argv[1]) / f"rank{world()[1]}.npz", **result)
