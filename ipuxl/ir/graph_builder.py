@@ -15,7 +15,6 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from ipuxl import dtypes
 from ipuxl.dtypes import DOWNCAST, DTypeLike, check_supported, from_any, to_numpy_dtype
 from ipuxl.errors import InvalidArgumentError, ReplicationError, WrongGraphError
 from ipuxl.ir import context, placement
@@ -28,10 +27,6 @@ if TYPE_CHECKING:
     from ipuxl.ir.ir import Ir
 
 __all__ = ["build_graph", "graph_input", "graph_output", "variable", "constant", "Module"]
-
-_PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype, dtypes.dtype, slice, type(Ellipsis),
-          ReplicaGrouping)  # PopXL passes a grouping through to build(), e.g. an optimiser's (#17)
-
 
 class Module:
     """PopXL's ``Module``: override ``build``; ``ir.create_graph(module, ...)`` traces it.
@@ -208,25 +203,8 @@ def _as_inputs(graph: "Graph", param: str, value: Any, by_ref: bool = False) -> 
         return graph.add_input(spec, param, by_ref=by_ref)
     if isinstance(value, (list, tuple)) and any(isinstance(v, (Tensor, TensorSpec, TensorByRef)) for v in value):
         return type(value)(_as_inputs(graph, f"{param}_{i}", v, by_ref) for i, v in enumerate(value))
-    if isinstance(value, dict):  # a dict for a normal parameter is passed through, as in PopXL
-        return value
-    if _is_plain(value):
-        return value
-    raise InvalidArgumentError(
-        f"create_graph argument '{param}' of type {type(value).__name__} is neither a Tensor, "
-        "a TensorSpec nor a plain Python value",
-        where=context.user_source_line(),
-        fix="pass an ipuxl Tensor or ipuxl.TensorSpec(shape, dtype) for graph inputs; for fixed "
-            "data create ipuxl.constant(...) inside the graph function",
-    )
-
-
-def _is_plain(value: Any) -> bool:
-    if isinstance(value, _PLAIN):
-        return True
-    if isinstance(value, (list, tuple)):
-        return all(_is_plain(v) for v in value)
-    return callable(value) or isinstance(value, Module)
+    # anything else (a number, a dict, a graph to code-load, a numpy array...) is passed through, as in PopXL
+    return value
 
 
 def _outputs(graph: "Graph", name: str, result: Any) -> list[Tensor]:

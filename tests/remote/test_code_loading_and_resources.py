@@ -43,6 +43,31 @@ def test_code_loaded_graphs_compute_the_same_values():
     assert_close(results[0], np.maximum(np.arange(4) * 2.0 + 1.0, 0.0).astype(np.float32) - 3.0)
 
 
+def test_a_graph_passed_to_create_graph_reaches_the_function_and_loads_code_inside_a_graph():
+    """PopXL passes non-tensor create_graph arguments through (here a graph, whose code the
+    new graph loads; also a numpy array used as a constant), as its nested code-loading example does."""
+    ir = ipuxl.Ir()
+    with ir.main_graph:
+        x = ipuxl.variable(np.arange(4, dtype=np.float32), F32, name="x")
+        double = ir.create_graph(lambda t: t * 2.0, x)
+
+        def load(g: ipuxl.Graph) -> None:
+            assert g is double
+            ops.remote_code_load(g, destination="executable")
+
+        loader = ir.create_graph(load, double)
+        add_offset = ir.create_graph(lambda t, offset: t + ipuxl.constant(offset), x, np.full(4, 0.5, np.float32))
+        with ipuxl.in_sequence():
+            ops.call(loader)
+            (y,) = ops.call(double, x)
+            (z,) = ops.call(add_offset, y)
+        out = ipuxl.d2h_stream(z.shape, z.dtype, "out")
+        ops.host_store(out, z)
+    assert double.name in {g.name for g in code_loaded_graphs(ir)}
+    with ipuxl.Session(ir, "ipu_model") as session:
+        assert_close(session.run()[out], np.arange(4, dtype=np.float32) * 2.0 + 0.5)
+
+
 def test_code_of_loaded_graphs_counts_on_chip_only_while_loaded():
     spec = IpuSpec()
     plain = estimate(_two_layer_program(False)[0], spec)

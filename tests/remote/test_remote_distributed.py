@@ -7,16 +7,15 @@ gather (a reduce-scatter of the gradient back to the shard), updates the shard a
 """
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from _torchrun import run_over_processes
+
 HERE = Path(__file__).resolve()
 REPLICAS, STEPS, LR = 2, 3, 0.01
-LAUNCH_TIMEOUT = 120
 
 
 def build(replication):
@@ -73,19 +72,8 @@ def train(replication) -> dict[str, np.ndarray]:
     return {"loss": out[loss_stream], "shards": out[shard_stream], "full": full, "v_full": v_full}
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update({"OMP_NUM_THREADS": "1", "IPUXL_REPLICA_TIMEOUT": "60",
-                "PYTHONPATH": os.pathsep.join([str(HERE.parents[2]), env.get("PYTHONPATH", "")])})
-    return env
-
-
 def test_rts_training_over_two_processes_is_bit_equal_to_one_process(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(REPLICAS),
-           str(HERE), str(tmp_path)]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    run_over_processes(HERE, tmp_path, REPLICAS)
     expected = train(REPLICAS)
     for rank in range(REPLICAS):
         with np.load(tmp_path / f"rank{rank}.npz") as got:

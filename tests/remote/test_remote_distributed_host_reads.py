@@ -9,16 +9,15 @@ in-process replicas must read exactly the same values.
 """
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from _torchrun import run_over_processes
+
 HERE = Path(__file__).resolve()
 REPLICAS = 2
-LAUNCH_TIMEOUT = 120
 W0 = np.arange(15, dtype=np.float32).reshape(5, 3) / 10.0
 
 
@@ -73,14 +72,6 @@ def expected() -> dict[str, np.ndarray]:
             "pushed_w": full(-1.0), "pushed_v": full(7.0), "run2_w": full(0.0), "run2_v": full(14.0)}
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update({"OMP_NUM_THREADS": "1", "IPUXL_REPLICA_TIMEOUT": "60",
-                "PYTHONPATH": os.pathsep.join([str(HERE.parents[2]), env.get("PYTHONPATH", "")])})
-    return env
-
-
 def test_in_process_replicas_read_the_written_and_trained_values():
     got, want = reads(REPLICAS), expected()
     assert got.keys() == want.keys()
@@ -89,10 +80,7 @@ def test_in_process_replicas_read_the_written_and_trained_values():
 
 
 def test_sharded_host_reads_over_two_processes_equal_one_process(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(REPLICAS),
-           str(HERE), str(tmp_path)]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    run_over_processes(HERE, tmp_path, REPLICAS)
     want = reads(REPLICAS)
     for rank in range(REPLICAS):
         with np.load(tmp_path / f"rank{rank}.npz") as got:
