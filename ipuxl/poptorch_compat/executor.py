@@ -153,6 +153,9 @@ class PoplarExecutor:
         self._anchored: dict[str, torch.Tensor] = {}  # the last call's anchored tensors (getAnchoredTensor)
         self._sync = WeightSync(self._model, training=training, optimizer=optimizer, plans=plans)
         _LIVE.add(self)
+        # a wrapper dropped without destroy() leaves its trained weights in the host module: where
+        # the device keeps its own copy (a GPU, several replicas), they are pulled back when it goes
+        weakref.finalize(self, self._sync.pull_weights_if_newer).atexit = False
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
@@ -296,8 +299,10 @@ class PoplarExecutor:
         start = self._start_values(states_from_optimizer)
         args, kwargs = example_call(key)
         if self._format is None or self._format[0] != key:
-            # one replica here: its stream data keeps the format (several are regrouped, see batching)
+            # one replica here: its stream data keeps the format (several are regrouped, see batching);
+            # CPU only: the choice times eager steps on the host (a GPU's steps are asynchronous)
             self._format = (key, replicas_here(self.options) == 1
+                            and device_for(self.options.device_type).type == "cpu"
                             and choose_memory_format(self._model, args, kwargs, self.training))
         channels_last = self._format[1]
         args, kwargs = to_format(args, kwargs, channels_last)

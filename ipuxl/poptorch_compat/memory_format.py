@@ -20,9 +20,10 @@ are those of eager PyTorch in channels-last format: the same kernels, which roun
 differently from the NCHW ones (both are eager float32).
 
 ``IPUXL_CHANNELS_LAST=1`` forces channels-last for every model with a 4-D float input,
-``0`` turns the choice off (NCHW, the input's own format). Only with one replica in the
-process: several replicas' stream data is regrouped (``batching``) and would lose the format.
-Measuring costs twelve eager steps at compile time (a copy of the module in memory meanwhile).
+``0`` turns the choice off (NCHW, the input's own format). Only on a CPU device (the
+timing is of host steps) and with one replica in the process: several replicas' stream
+data is regrouped (``batching``) and would lose the format. Measuring costs twelve eager
+steps at compile time (a copy of the module in memory meanwhile).
 """
 from __future__ import annotations
 

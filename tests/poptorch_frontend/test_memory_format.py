@@ -61,7 +61,7 @@ def _eager(model: nn.Module, data, channels_last: bool) -> nn.Module:
 
 def _ipuxl(model: nn.Module, data):
     model = copy.deepcopy(model)
-    training = ipuxl.trainingModel(model, ipuxl.Options().deviceIterations(STEPS),
+    training = ipuxl.trainingModel(model, ipuxl.Options().deviceIterations(STEPS).useIpuModel(True),  # a CPU device
                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
     for x, y in data:
         training(x, y)

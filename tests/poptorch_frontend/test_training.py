@@ -317,3 +317,27 @@ def test_batchnorm_buffers_train_like_eager():
     torch.testing.assert_close(model.bn.running_mean, ref.bn.running_mean, **TOL)
     torch.testing.assert_close(model.bn.running_var, ref.bn.running_var, **TOL)
     assert int(model.bn.num_batches_tracked) == 3
+
+
+def test_a_dropped_wrapper_leaves_its_trained_weights_in_the_module():
+    """With two replicas in the process the device keeps its own copy of the weights (as on a
+    GPU); a wrapper dropped right after its call must not take the trained weights with it."""
+    import gc
+
+    torch.manual_seed(3)
+    dropped, kept = nn.Sequential(nn.Linear(12, 5)), None
+    kept = copy.deepcopy(dropped)
+    initial = copy.deepcopy(dropped)
+    x, y = make_data(8)
+
+    def wrap(model):
+        return ipuxl.trainingModel(model, Options().replicationFactor(2), loss=nn.CrossEntropyLoss(),
+                                   optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+
+    wrap(dropped)(x, y)  # the wrapper is garbage at once
+    gc.collect()
+    keeper = wrap(kept)
+    keeper(x, y)
+    keeper.copyWeightsToHost()
+    assert not torch.equal(kept[0].weight, initial[0].weight)  # it trained
+    assert_same_weights(dropped, kept, rtol=0, atol=0)
