@@ -119,7 +119,7 @@ def variable(data: Any, dtype: DTypeLike | None = None, name: str | None = None,
         )
     array, torch_dtype = host_array(data, dtype, downcast, f"variable '{name or 'variable'}'")
     ir = graph.ir
-    shape = _grouped_shape(ir, name or "variable", array.shape, replica_grouping, retrieval_mode)
+    shape = grouped_shape(ir, name or "variable", array.shape, replica_grouping, retrieval_mode)
     attr = ir.unique_name(set(ir.variable_records) | set(graph.constant_data), _attr_name(name or "variable"))
     node = graph.fx.get_attr(attr)
     _record_leaf(node, shape, torch_dtype, context.scoped_name(name or attr), Role.VARIABLE)
@@ -128,9 +128,10 @@ def variable(data: Any, dtype: DTypeLike | None = None, name: str | None = None,
     return tensor
 
 
-def _grouped_shape(ir: "Ir", name: str, data_shape: tuple[int, ...], grouping: Any,
+def grouped_shape(ir: "Ir", name: str, data_shape: tuple[int, ...], grouping: Any,
                    retrieval_mode: str | None) -> tuple[int, ...]:
-    """The per-replica shape of a variable whose data holds one value per group."""
+    """The per-replica shape of a variable whose data holds one value per group (``variable``,
+    ``ir.remote``'s variables): the data's, less the leading group axis when there are several groups."""
     if retrieval_mode not in (None, "one_per_group", "all_replicas"):
         raise InvalidArgumentError(f"variable '{name}': retrieval_mode {retrieval_mode!r} is not known",
                                    where=context.user_source_line(),

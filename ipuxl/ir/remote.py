@@ -40,11 +40,11 @@ import torch.fx as fx
 from ipuxl import dtypes
 from ipuxl.dtypes import DOWNCAST, DTypeLike, check_supported, dtype_name, from_any, to_numpy_dtype
 from ipuxl.errors import (
-    InvalidArgumentError, InvalidValueError, ReplicationError, ShapeMismatchError, UnsupportedError, WrongGraphError,
+    InvalidArgumentError, InvalidValueError, ShapeMismatchError, UnsupportedError, WrongGraphError,
 )
 from ipuxl.ir import context
 from ipuxl.ir.graph import Graph
-from ipuxl.ir.graph_builder import host_array
+from ipuxl.ir.graph_builder import grouped_shape, host_array
 from ipuxl.ir.ir import VariableRecord
 from ipuxl.ir.meta import META_SHAPE, NAME, REMOTE, ROLE, SOURCE, Role
 from ipuxl.ir.replica_grouping import ReplicaGrouping
@@ -361,32 +361,6 @@ class RemoteVariable(_HostShaped):
         return TensorLocation(TensorStorage.OffChip, rts)
 
 
-def _value_shape(ir: "Ir", name: str, data_shape: tuple[int, ...], grouping: Any,
-                 retrieval_mode: str | None) -> tuple[int, ...]:
-    """The full value's shape: the data's, less the leading group axis when the grouping has several groups."""
-    if retrieval_mode not in (None, "one_per_group", "all_replicas"):
-        raise InvalidArgumentError(f"variable '{name}': retrieval_mode {retrieval_mode!r} is not known",
-                                   where=context.user_source_line(), fix="use 'one_per_group' or 'all_replicas'")
-    if grouping is None:
-        return tuple(data_shape)
-    if not isinstance(grouping, ReplicaGrouping):
-        raise InvalidArgumentError(f"variable '{name}': replica_grouping must be a ReplicaGrouping, got "
-                                   f"{type(grouping).__name__}", where=context.user_source_line(),
-                                   fix="make one with ir.replica_grouping(stride, group_size)")
-    if grouping.replication_factor != ir.replication_factor:
-        raise ReplicationError(f"variable '{name}': {grouping} is for {grouping.replication_factor} replicas, the "
-                               f"Ir has {ir.replication_factor}", where=context.user_source_line(),
-                               fix="create the grouping with this Ir's ir.replica_grouping(...)")
-    if grouping.num_groups == 1:
-        return tuple(data_shape)
-    if not data_shape or data_shape[0] != grouping.num_groups:
-        raise ReplicationError(
-            f"variable '{name}': {grouping} has {grouping.num_groups} groups, so the data needs a leading dimension "
-            f"of {grouping.num_groups}; got data of shape {tuple(data_shape)}", where=context.user_source_line(),
-            fix=f"stack one value per group: data of shape ({grouping.num_groups}, *variable_shape)")
-    return tuple(data_shape[1:])
-
-
 def _leaf(node: fx.Node, shape: tuple[int, ...], dtype: torch.dtype, name: str) -> None:
     node.meta["val"] = torch.empty(shape, dtype=dtype, device="meta")
     node.meta[NAME] = name
@@ -415,7 +389,7 @@ def _full_shape(array: np.ndarray, ir: "Ir", name: str, grouping: ReplicaGroupin
         raise UnsupportedError(f"variable '{name}': retrieval_mode='all_replicas' of a replica-sharded variable "
                                "(its host data is the full tensor of each group)", where=context.user_source_line(),
                                fix="use retrieval_mode='one_per_group'")
-    return _value_shape(ir, name, array.shape, grouping, retrieval_mode)
+    return grouped_shape(ir, name, array.shape, grouping, retrieval_mode)
 
 
 def _check_buffer(what: str, buffer: Any, ir: "Ir") -> RemoteBuffer:
