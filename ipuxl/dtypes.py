@@ -323,6 +323,17 @@ def _type_error(problem: str, fix: str) -> Exception:
     return InvalidArgumentError(problem, where=user_source_line(), fix=fix)
 
 
+def float8_options_unset(subject: str, log2_scale: object, nan_on_overflow: object) -> None:
+    """Refuse PopXL's float8 options (``log2_scale``, ``nan_on_overflow``): ipuxl has no float8."""
+    from ipuxl.errors import UnsupportedError
+    from ipuxl.ir.context import user_source_line
+
+    for option, value in (("log2_scale", log2_scale), ("nan_on_overflow", nan_on_overflow)):
+        if value is not None:
+            raise UnsupportedError(f"{subject}: {option}={value!r} applies to float8 dtypes, which ipuxl does not have",
+                                   where=user_source_line(), fix=f"leave {option} as None")
+
+
 def dtype_name(dtype: "torch.dtype | dtype") -> str:
     """PopXL's short name of a dtype (``float32``, not ``torch.float32``)."""
     if isinstance(dtype, _Dtype):

@@ -7,8 +7,6 @@ import numpy as np
 import torch
 
 from ipuxl import dtypes
-from ipuxl.errors import UnsupportedError
-from ipuxl.ir.context import user_source_line
 
 __all__ = ["to_numpy", "downcast_np_dtypes"]
 
@@ -37,10 +35,7 @@ def to_numpy(x: Any, dtype: Any = None, downcast: bool = True, copy: bool = True
         UnsupportedError: (a RuntimeError) ``log2_scale`` or ``nan_on_overflow`` is set.
         DtypeError: (a ValueError) ``dtype`` names no dtype.
     """
-    for option, value in (("log2_scale", log2_scale), ("nan_on_overflow", nan_on_overflow)):
-        if value is not None:
-            raise UnsupportedError(f"to_numpy: {option}={value!r} applies to float8 dtypes, which ipuxl does not have",
-                                   where=user_source_line(), fix=f"leave {option} as None")
+    dtypes.float8_options_unset("to_numpy", log2_scale, nan_on_overflow)
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu()
         x = (x.float() if x.dtype == torch.bfloat16 else x).numpy()

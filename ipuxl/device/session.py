@@ -394,9 +394,9 @@ class Session:
             return lambda: self._execute(self._forwards[i], buffers, i)
 
         run_replicas(comm, [work(i) for i in range(len(local))])
-        if self._plan.distributed:  # sharded variables: the other processes' shards, for host reads
+        if self._plan.distributed:  # values held only in other processes (shards, groups), for host reads
             self._memory.gather_shards(lambda t: comm.gather_processes(t, 0), {
-                t: [v[_attr_of(t)] for v in self._replica_vars] for t, r in self._records.items() if r.shard_over})
+                t: [v[_attr_of(t)] for v in self._replica_vars] for t in self._read_elsewhere()})
         return [comm.gather_processes(outputs[s], 1) for s in self._d2h]
 
     def _execute(self, forward: Callable[..., Any], buffers: Sequence[torch.Tensor], index: int) -> None:
@@ -603,6 +603,17 @@ class Session:
             return np.array(record.data, copy=True)
         return np.stack([self._plan.initial_value(record, r) for r in rows])
 
+    def _read_elsewhere(self) -> list[Variable]:
+        """The on-chip variables whose host value needs replicas of other processes (torchrun):
+        sharded ones, and grouped ones with a group (or, for "all_replicas", a replica) that
+        has no member here. Their values are gathered after each run."""
+        found = []
+        for tensor, record in self._records.items():
+            rows = self._host_replicas(record)
+            if record.shard_over or (rows is not None and any(self._local_member(record, r) is None for r in rows)):
+                found.append(tensor)
+        return found
+
     def _host_row(self, record: VariableRecord, replica: int) -> int | None:
         """Which row of the host buffer replica ``replica`` is loaded from."""
         replicas = self._built.replicas
@@ -615,9 +626,10 @@ class Session:
         """Copy every variable from the device to its host buffer.
 
         Each host row is read from a replica of this process: the group's first
-        replica here, or for a group with no replica in this process (torchrun) the
-        row keeps its last host value. Reading weights never needs the other
-        processes, so a rank may read them alone without waiting for the others.
+        replica here, or for a group with no replica in this process (torchrun) its
+        value as gathered from the other processes after the last run (the host value
+        when the host wrote it since). Reading weights never waits for the other
+        processes, so a rank may read them alone.
         """
         self._require_attached("weights_to_host")
         local = self._plan.local
@@ -635,8 +647,10 @@ class Session:
                 continue
             for row, replica in enumerate(rows):
                 source = self._local_member(record, replica)
-                if source is not None:
-                    value = self._replica_vars[local.index(source)][attr].detach().to("cpu")
+                held = self._replica_vars[local.index(source)][attr] if source is not None \
+                    else self._memory.elsewhere(tensor, replica)
+                if held is not None:
+                    value = held.detach().to("cpu")
                     host[row] = value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
         self._memory.to_host()
         self._host_in_sync = True
@@ -667,6 +681,7 @@ class Session:
                 continue
             row = self._host_row(record, replica)
             variables[attr].copy_(torch.from_numpy(host if row is None else host[row]))
+            self._memory.forget_gathered(tensor)  # torchrun: other processes' values are pre-write
 
     def get_tensor_data(self, tensor: Variable | Constant) -> np.ndarray:
         """The host value of a variable (synced from the device first when attached) or constant.

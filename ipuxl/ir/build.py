@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from ipuxl.errors import InvalidArgumentError, ShapeMismatchError, WrongGraphError
 from ipuxl.ir import context, placement
@@ -74,6 +74,7 @@ def emit(
     meta_out = _infer_meta(op_name, meta_fn or target, args, kwargs, meta_args)
     node_args = tree_map(_to_node, tuple(args))
     node_kwargs = tree_map(_to_node, dict(kwargs))
+    _check_codegen_safe(op_name, (node_args, node_kwargs))
     node = graph.fx.create_node("call_function", target, node_args, node_kwargs,
                                 name=identifier(name or op_name))
     _record(node, op_name, meta_out, name)
@@ -197,6 +198,21 @@ def _getitem(graph: Graph, node: fx.Node, i: int, meta: Any, name: str | None) -
     if name:
         item.meta[NAME] = f"{name}_{i}"
     return graph.wrap(item)
+
+
+# Leaves an fx node may hold as arguments: the generated code writes them as Python source
+# (anything else prints as a repr that names nothing, and fails only when the program runs).
+_CODEGEN_SAFE = (fx.Node, int, float, complex, str, type(None), type(...), slice, range, torch.dtype,
+                 torch.device, torch.memory_format, torch.layout)
+
+
+def _check_codegen_safe(op_name: str, args: Any) -> None:
+    for leaf in tree_leaves(args):
+        if not isinstance(leaf, _CODEGEN_SAFE) and not callable(leaf):
+            raise InvalidArgumentError(
+                f"op '{op_name}' got an argument of type {type(leaf).__name__} ({leaf!r:.60}) where it takes "
+                "a tensor, a number, a string or a dtype", where=context.user_source_line(),
+                fix=f"check the arguments of '{op_name}' against its signature (an argument in the wrong place?)")
 
 
 def _to_node(value: Any) -> Any:

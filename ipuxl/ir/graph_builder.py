@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from ipuxl.dtypes import DOWNCAST, DTypeLike, check_supported, from_any, to_numpy_dtype
+from ipuxl.dtypes import DOWNCAST, DTypeLike, check_supported, float8_options_unset, from_any, to_numpy_dtype
 from ipuxl.errors import InvalidArgumentError, ReplicationError, WrongGraphError
 from ipuxl.ir import context, placement
 from ipuxl.ir.meta import NAME, ROLE, SOURCE, Role
@@ -95,7 +95,8 @@ def graph_output(t: Tensor) -> None:
 
 def variable(data: Any, dtype: DTypeLike | None = None, name: str | None = None,
              downcast: bool = True, replica_grouping: "ReplicaGrouping | None" = None,
-             retrieval_mode: str | None = None, **unused: Any) -> Variable:
+             retrieval_mode: str | None = None, log2_scale: int | None = None,
+             nan_on_overflow: bool | None = None) -> Variable:
     """Create a variable in the main graph, initialised with a copy of ``data``.
 
     Every replica holds its own copy. With a ``replica_grouping`` of G > 1 groups,
@@ -107,7 +108,10 @@ def variable(data: Any, dtype: DTypeLike | None = None, name: str | None = None,
         WrongGraphError: (a ValueError) outside the main graph (variables live only there).
         ReplicationError: a grouping of another replica count, or data without the
             group dimension.
+        UnsupportedError: (a RuntimeError) ``log2_scale`` or ``nan_on_overflow`` is set
+            (PopXL's float8 options; ipuxl has no float8).
     """
+    float8_options_unset(f"variable '{name or 'variable'}'", log2_scale, nan_on_overflow)
     graph = context.gcg()
     if not graph.is_main:
         raise WrongGraphError(

@@ -9,7 +9,7 @@ see ``ipuxl.device.replicas``).
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -52,6 +52,21 @@ def _check(op_name: str, t: Tensor, op: str | None, group: ReplicaGrouping | Non
     return group
 
 
+def _axis_and_group(op_name: str, axis: Any, group: ReplicaGrouping | None) -> tuple[int, ReplicaGrouping | None]:
+    """A ``ReplicaGrouping`` in the axis place is the group (PopXL 3.0-3.2's ``(t, group)``
+    signature of ``replicated_all_gather``); any other axis must be an int."""
+    if isinstance(axis, ReplicaGrouping):
+        if group is not None:
+            raise InvalidArgumentError(f"{op_name}: two replica groupings given (as axis and as group)",
+                                       where=context.user_source_line(), fix="pass the grouping once, as group=")
+        return 0, axis
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise InvalidArgumentError(f"{op_name}: axis must be an int, got {type(axis).__name__}",
+                                   where=context.user_source_line(),
+                                   fix="pass the axis as an int and the grouping as group=")
+    return axis, group
+
+
 def replicated_all_reduce(t: Tensor, op: CollectiveOps = "add", group: ReplicaGrouping | None = None) -> Tensor:
     """Reduce ``t`` over the replicas of each group; every member gets the result."""
     g = _check("replicated_all_reduce", t, op, group)
@@ -92,9 +107,13 @@ def replicated_all_gather(t: Tensor, axis: int = 0, group: ReplicaGrouping | Non
     concatenates along ``axis``; ``meta_shape`` restores the shape recorded by a
     sharding reduce-scatter; ``auto`` is ``meta_shape`` when ``t`` has one, else ``concat``.
 
+    As in PopXL 3.0-3.2, a ``ReplicaGrouping`` in second place is the group (their signature
+    was ``(t, group)``), so programs written for either signature run.
+
     Differentiable, as in PopXL: ``transforms.autodiff`` turns it into a reduce-scatter
     (sum) of the output gradient, each replica getting its own input's share.
     """
+    axis, group = _axis_and_group("replicated_all_gather", axis, group)
     g = _check("replicated_all_gather", t, None, group)
     meta_shape = tuple(t.node.meta.get(META_SHAPE, ()))
     mode = output_shape if output_shape != "auto" else ("meta_shape" if meta_shape else "concat")
@@ -158,6 +177,7 @@ def replicated_slice(t: Tensor, axis: int = 0, group: ReplicaGrouping | None = N
     Raises:
         ShapeMismatchError: ``t.shape[axis]`` is not a multiple of the group size.
     """
+    axis, group = _axis_and_group("replicated_slice", axis, group)
     g = _check("replicated_slice", t, None, group)
     if not -t.rank <= axis < t.rank:
         raise InvalidArgumentError(f"replicated_slice: axis {axis} is out of range for {describe(t)}",

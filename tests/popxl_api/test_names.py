@@ -53,6 +53,20 @@ def test_to_numpy_refuses_float8_options():
     assert isinstance(info.value, RuntimeError)
 
 
+def test_variable_takes_popxls_arguments_and_no_others():
+    import ipuxl
+
+    ir = ipuxl.Ir(replication=2)
+    with ir.main_graph:
+        with pytest.raises(errors.UnsupportedError, match="nan_on_overflow"):
+            ipuxl.variable([1.0], nan_on_overflow=True)
+        with pytest.raises(TypeError, match="unexpected keyword argument 'grouping'"):  # PopXL's is replica_grouping
+            ipuxl.variable(np.zeros((2, 3), np.float32), grouping=ir.replica_grouping(group_size=1))
+        v = ipuxl.variable(np.zeros((2, 3), np.float32), replica_grouping=ir.replica_grouping(group_size=1),
+                           log2_scale=None, nan_on_overflow=None)
+    assert v.shape == (3,)
+
+
 def test_downcast_table_is_popxls():
     assert utils.downcast_np_dtypes == {np.dtype("int64"): np.dtype("int32"),
                                         np.dtype("uint64"): np.dtype("uint32"),
