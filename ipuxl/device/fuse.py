@@ -45,9 +45,10 @@ from ipuxl.ir.aliases import writes
 from ipuxl.ir.meta import OP, SOURCE
 from ipuxl.kernels import var_updates
 from ipuxl.kernels.random import DIRECT_CALLS
+from ipuxl.ops.elementwise import SCALED_ADD_KERNEL
 
 __all__ = ["fuse_matmul_updates", "fold_inverse_transposes", "fuse_adam_updates", "fuse_adam_steps",
-           "call_random_ops_directly", "select_kernels", "max_pool2d_with_indices"]
+           "call_random_ops_directly", "select_kernels", "max_pool2d_with_indices", "convolution_backward"]
 
 _MATMULS = (torch.ops.aten.mm.default, torch.mm)
 _aten = torch.ops.aten
@@ -156,9 +157,29 @@ def fuse_matmul_updates(graph: fx.Graph) -> bool:
             _replace(graph, node, torch.Tensor.addmm_, (node.args[0], *grad.args), {"alpha": _alpha(node)},
                      dead=(grad,))
             changed = True
-        elif _fuse_scaled_matmul_update(graph, node):
+        elif _fuse_scaled_matmul_update(graph, node) or _fuse_momentum_matmul_update(graph, node):
             changed = True
     return changed
+
+
+def _fuse_momentum_matmul_update(graph: fx.Graph, node: fx.Node) -> bool:
+    """``scaled_add_(buf, mm(a, g), m, c)`` (a momentum update, ``c`` a number) ->
+    ``scaled_addmm_(buf, a, g, m, c)``, one GEMM into ``buf``; True if done."""
+    if node.op != "call_function" or node.target is not SCALED_ADD_KERNEL or len(node.args) != 4:
+        return False
+    term, factor, alpha = node.args[1], node.args[2], node.args[3]
+    if not (isinstance(term, fx.Node) and term.target in _MATMULS and len(term.users) == 1
+            and isinstance(alpha, (int, float)) and _is_scalar(factor)):
+        return False
+    _replace(graph, node, var_updates.scaled_addmm_, (node.args[0], *term.args, factor, alpha), {}, dead=(term,))
+    return True
+
+
+def _is_scalar(value: Any) -> bool:
+    """A Python number or a node of a 0-dimensional tensor."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return True
+    return isinstance(value, fx.Node) and isinstance(value.meta.get("val"), torch.Tensor) and value.meta["val"].dim() == 0
 
 
 def _fuse_scaled_matmul_update(graph: fx.Graph, node: fx.Node) -> bool:
@@ -335,7 +356,108 @@ def max_pool2d_with_indices(x: torch.Tensor, kernel_size: Any, stride: Any = (),
     return _aten.max_pool2d_with_indices.default(x, kernel_size, stride, padding, dilation, ceil_mode)
 
 
-_KERNELS: dict[Any, Callable[..., Any]] = {_aten.max_pool2d_with_indices.default: max_pool2d_with_indices}
+#: the weight gradient of a 2-D convolution whose output has at most this many positions over the
+#: whole batch (N x Ho x Wo) is one GEMM (see ``convolution_backward``)
+GEMM_WEIGHT_GRADIENT_MAX_POSITIONS = 16
+#: the weight gradient of a depthwise 2-D convolution with at least this many taps is a convolution
+DEPTHWISE_CONV_WEIGHT_GRADIENT_MIN_TAPS = 25
+
+
+@pure
+def convolution_backward(grad_output: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias_sizes: Any,
+                         stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool,
+                         output_padding: Sequence[int], groups: int, output_mask: Sequence[bool]) -> tuple[Any, ...]:
+    """``aten.convolution_backward``, with the weight gradient computed another way where
+    oneDNN's is slow (CPU, untransposed 2-D convolutions):
+
+    * ungrouped, at most ``GEMM_WEIGHT_GRADIENT_MAX_POSITIONS`` output positions in all (the
+      last stages of an ImageNet CNN at small images or batches: for 512x512x3x3 at 2x2 and
+      batch 4 oneDNN takes ~10x the forward's time): one GEMM, ``grad_output (K, N*L) @
+      unfold(input) (N*L, C*kh*kw)``, about the forward's time (1x1 convolutions at one
+      thread only from 8 positions, below which oneDNN's is as fast);
+    * depthwise with ``DEPTHWISE_CONV_WEIGHT_GRADIENT_MIN_TAPS`` taps or more: one depthwise
+      convolution (``_weight_gradient_depthwise``).
+
+    There the input gradient is oneDNN's alone and the bias gradient a sum (oneDNN's bias
+    gradient without the weight's is slow). Values: the same products, summed in another
+    order (float32 rounding, ~1e-7 relative); every other convolution is aten's, bit for bit.
+    """
+    mask = list(output_mask)
+    if not _is_plain_cpu_conv2d(x, transposed):
+        return _aten.convolution_backward.default(grad_output, x, weight, bias_sizes, stride, padding, dilation,
+                                                  transposed, output_padding, groups, output_mask)
+    weight_gradient = None
+    if mask[1] and _gemm_weight_gradient(grad_output, weight, groups):
+        weight_gradient = _weight_gradient_gemm
+    elif mask[1] and _depthwise_weight_gradient(x, weight, groups):
+        weight_gradient = _weight_gradient_depthwise
+    if weight_gradient is None:
+        return _aten.convolution_backward.default(grad_output, x, weight, bias_sizes, stride, padding, dilation,
+                                                  transposed, output_padding, groups, output_mask)
+    grad_input = grad_bias = None
+    if mask[0]:
+        grad_input = _aten.convolution_backward.default(grad_output, x, weight, bias_sizes, stride, padding,
+                                                        dilation, transposed, output_padding, groups,
+                                                        [True, False, False])[0]
+    if mask[2]:  # oneDNN's bias gradient without the weight's is slow (10 ms for 768 channels at 2x2)
+        grad_bias = grad_output.sum((0, 2, 3))
+    grad_weight = weight_gradient(grad_output, x, tuple(weight.shape), list(stride), list(padding),
+                                  list(dilation)).contiguous(memory_format=_memory_format_of(weight))
+    return grad_input, grad_weight, grad_bias
+
+
+def _weight_gradient_gemm(grad_output: torch.Tensor, x: torch.Tensor, shape: tuple[int, ...], stride: list[int],
+                          padding: list[int], dilation: list[int]) -> torch.Tensor:
+    """An ungrouped convolution's weight gradient as one GEMM over the unfolded input."""
+    n, k = grad_output.shape[:2]
+    kernel = shape[2:]
+    if kernel == (1, 1) and stride == [1, 1] and padding == [0, 0]:
+        columns = x.reshape(n, x.shape[1], -1)
+    else:
+        # (N, C*kh*kw, L)
+        columns = torch.nn.functional.unfold(x, kernel, tuple(dilation), tuple(padding), tuple(stride))
+    positions = columns.shape[-1]
+    grads = grad_output.reshape(n, k, positions).transpose(0, 1).reshape(k, n * positions)
+    return torch.mm(grads, columns.transpose(1, 2).reshape(n * positions, -1)).view(shape)
+
+
+def _weight_gradient_depthwise(grad_output: torch.Tensor, x: torch.Tensor, shape: tuple[int, ...],
+                               stride: list[int], padding: list[int], dilation: list[int]) -> torch.Tensor:
+    """A depthwise convolution's weight gradient as one depthwise convolution of the input by
+    the output gradient (each image and channel its own group), summed over the batch: tap
+    (i, j) of channel c is sum over n, h, w of x_padded[n, c, s*h + d*i, s*w + d*j] * g[n, c, h, w]."""
+    n, c = x.shape[:2]
+    images = x.transpose(0, 1).reshape(1, c * n, *x.shape[2:])
+    kernels = grad_output.transpose(0, 1).reshape(c * n, 1, *grad_output.shape[2:])
+    taps = torch.nn.functional.conv2d(images, kernels, None, dilation, padding, stride, c * n)
+    return taps[0, :, :shape[2], :shape[3]].reshape(c, n, shape[2], shape[3]).sum(1).view(shape)
+
+
+def _is_plain_cpu_conv2d(x: torch.Tensor, transposed: bool) -> bool:
+    return not transposed and x.device.type == "cpu" and x.dim() == 4 and x.dtype in (torch.float32, torch.float64)
+
+
+def _gemm_weight_gradient(grad_output: torch.Tensor, weight: torch.Tensor, groups: int) -> bool:
+    positions = grad_output.numel() // grad_output.shape[1]
+    if groups != 1 or positions > GEMM_WEIGHT_GRADIENT_MAX_POSITIONS:
+        return False
+    return weight.shape[2] * weight.shape[3] > 1 or positions >= 8 or torch.get_num_threads() > 1
+
+
+def _depthwise_weight_gradient(x: torch.Tensor, weight: torch.Tensor, groups: int) -> bool:
+    """Depthwise (one filter per channel) with a kernel of 5x5 taps or more: oneDNN's weight
+    gradient there is 3-25x slower than the convolution that computes it."""
+    return groups == x.shape[1] == weight.shape[0] and weight.shape[1] == 1 and \
+        weight.shape[2] * weight.shape[3] >= DEPTHWISE_CONV_WEIGHT_GRADIENT_MIN_TAPS
+
+
+def _memory_format_of(t: torch.Tensor) -> torch.memory_format:
+    return torch.channels_last if t.dim() == 4 and not t.is_contiguous() and \
+        t.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+
+
+_KERNELS: dict[Any, Callable[..., Any]] = {_aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
+                                           _aten.convolution_backward.default: convolution_backward}
 
 
 def select_kernels(graph: fx.Graph) -> bool:

@@ -20,6 +20,7 @@ from ipuxl.dtypes import to_numpy_dtype
 __all__ = [
     "accumulate_", "accumulate_square_", "running_mean_", "moving_average_", "moving_average_square_", "scale_",
     "sparse_accumulate_", "adam_updater", "adamax_updater", "adam_update_", "fused_adam_step_", "adam_var_update_",
+    "scaled_addmm_",
 ]
 
 
@@ -143,6 +144,21 @@ def adam_update_(weight: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: A
     """
     denom = _adam_denominator(m, v, step, beta1, beta2, eps)
     return weight.addcdiv_(m.to(denom.dtype), denom, value=alpha)
+
+
+def scaled_addmm_(state: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor, a: Any, b: float) -> torch.Tensor:
+    """``state = a * state + b * (m1 @ m2)`` as one GEMM into ``state`` (beta ``a``, alpha ``b``).
+
+    The device rewrites a momentum update ``scaled_add_(buf, mm(m1, m2), a, b)`` of a
+    matmul gradient into this, so the gradient is never written to memory and read back
+    and ``buf`` is read and written once. A CPU scalar-tensor ``a`` (a momentum variable)
+    is read as the BLAS beta (the same float32 value); elsewhere ``state`` is scaled first.
+    """
+    if isinstance(a, torch.Tensor):
+        if a.device.type != "cpu" or a.dim() != 0:
+            return state.mul_(a).addmm_(m1, m2, alpha=b)
+        a = a.item()
+    return state.addmm_(m1, m2, beta=a, alpha=b)
 
 
 def fused_adam_step_(weight: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor,

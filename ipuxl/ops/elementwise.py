@@ -236,11 +236,15 @@ def _scaled_add(x: torch.Tensor, y: torch.Tensor, a: Any, b: Any) -> torch.Tenso
 
 
 def _scaled_add_(x: torch.Tensor, y: torch.Tensor, a: Any, b: Any) -> torch.Tensor:
+    """The kernel of ``scaled_add_`` with ``a != 1`` (``device.fuse`` matches it: ``SCALED_ADD_KERNEL``)."""
     if not (isinstance(a, (int, float)) and a == 1):
         x.mul_(a)
     if isinstance(b, (int, float)):
         return x.add_(y, alpha=b)
     return x.addcmul_(y, b)  # one pass, rounded as x.add_(y, alpha=b) would be
+
+
+SCALED_ADD_KERNEL = _scaled_add_
 
 
 def scaled_add(X: Tensor, Y: Tensor, a: float | Tensor = 1.0, b: float | Tensor = 1.0) -> Tensor:  # noqa: N803

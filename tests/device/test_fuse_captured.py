@@ -10,7 +10,11 @@ calls (``_code``: the device loop's step is a compiled loop body):
 * ``nll_loss_forward`` runs once per step (``passes.autodiff`` keeps its second
   result, ``total_weight``, in the forward);
 * max pooling runs through ``device.fuse.max_pool2d_with_indices`` (the channels-last
-  kernel), which gives bit for bit the values and indices of the NCHW kernel.
+  kernel), which gives bit for bit the values and indices of the NCHW kernel;
+* convolution gradients run through ``device.fuse.convolution_backward``, which computes
+  small-output weight gradients as a GEMM, 5x5-and-larger depthwise ones as a convolution
+  and then the bias gradient as a sum (checked against aten in float64, every output mask);
+* an SGD momentum update of a matmul gradient is one GEMM into the buffer (``scaled_addmm_``).
 """
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ import torch.nn as nn
 
 import ipuxl
 import ipuxl.ops as ops
-from ipuxl.device.fuse import fold_inverse_transposes, max_pool2d_with_indices
+from ipuxl.device import fuse
+from ipuxl.device.fuse import convolution_backward, fold_inverse_transposes, max_pool2d_with_indices
 from ipuxl.optim import rules
 
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -209,3 +214,85 @@ def test_negated_learning_rate_is_not_reused_after_the_rate_is_written():
     np.testing.assert_array_equal(got[w1], np.zeros(3, np.float32))
     np.testing.assert_array_equal(got[w2], np.zeros(3, np.float32))
     np.testing.assert_array_equal(got[w3], np.full(3, 0.5, np.float32))
+
+
+# (batch, channels, h, w, out channels, kernel, stride, padding, dilation, groups)
+CONVOLUTIONS = [
+    (4, 32, 2, 2, 16, 3, 1, 1, 1, 1),  # 16 output positions: the GEMM weight gradient
+    (4, 16, 4, 4, 24, 3, 2, 1, 1, 1),  # strided down to 2x2
+    (2, 16, 2, 2, 8, 1, 1, 0, 1, 1),  # 1x1
+    (1, 6, 6, 6, 4, 3, 2, 2, 2, 1),  # dilated, padded
+    (4, 24, 2, 2, 24, 7, 1, 3, 1, 24),  # depthwise 7x7: the weight gradient as a convolution
+    (2, 12, 9, 9, 12, 5, 2, 2, 1, 12),  # depthwise 5x5, strided
+    (3, 8, 11, 10, 8, 5, 2, 4, 2, 8),  # depthwise, strided and dilated (taps cropped)
+    (2, 8, 9, 9, 16, 3, 1, 1, 1, 2),  # grouped: aten's gradients
+    (2, 8, 12, 12, 16, 3, 1, 1, 1, 1),  # large output: aten's weight gradient
+]
+MASKS = [[True, True, True], [False, True, True], [True, True, False], [False, True, False], [True, False, True],
+         [False, False, True], [True, False, False]]
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("conv", CONVOLUTIONS, ids=str)
+def test_convolution_backward_equals_aten(conv, channels_last):
+    n, c, h, w, k, r, stride, pad, dil, groups = conv
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(n, c, h, w, dtype=torch.float64, generator=gen)
+    weight = torch.randn(k, c // groups, r, r, dtype=torch.float64, generator=gen)
+    if channels_last:
+        x, weight = x.contiguous(memory_format=torch.channels_last), weight.contiguous(memory_format=torch.channels_last)
+    grad = torch.randn_like(torch.nn.functional.conv2d(x, weight, None, stride, pad, dil, groups))
+    for mask in MASKS:
+        args = (grad, x, weight, [k], [stride] * 2, [pad] * 2, [dil] * 2, False, [0, 0], groups, mask)
+        want, got = aten.convolution_backward.default(*args), convolution_backward(*args)
+        for i, (a, b) in enumerate(zip(want, got)):
+            assert (a is None) == (b is None) == (not mask[i])
+            if a is not None:
+                torch.testing.assert_close(b, a, msg=lambda m, i=i, mask=mask: f"output {i} of mask {mask}: {m}")
+                assert b.shape == a.shape and b.dtype == a.dtype
+
+
+def test_convolution_backward_paths(monkeypatch):
+    """Which weight gradient each convolution gets (the speed rules of ``device.fuse``)."""
+    picked = []
+    for name in ("_weight_gradient_gemm", "_weight_gradient_depthwise"):
+        real = getattr(fuse, name)
+        monkeypatch.setattr(fuse, name, lambda *a, real=real, name=name: picked.append(name) or real(*a))
+    for conv in CONVOLUTIONS:
+        n, c, h, w, k, r, stride, pad, dil, groups = conv
+        x, weight = torch.randn(n, c, h, w), torch.randn(k, c // groups, r, r)
+        grad = torch.randn_like(torch.nn.functional.conv2d(x, weight, None, stride, pad, dil, groups))
+        convolution_backward(grad, x, weight, [k], [stride] * 2, [pad] * 2, [dil] * 2, False, [0, 0], groups,
+                             [True, True, True])
+    assert picked == ["_weight_gradient_gemm"] * 4 + ["_weight_gradient_depthwise"] * 3
+
+
+class SmallEnd(nn.Module):
+    """A CNN whose last stage is 2x2 (GEMM weight gradients) with a depthwise 5x5 conv with a bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False)
+        self.down = nn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.depthwise = nn.Conv2d(32, 32, 5, padding=2, groups=32)
+        self.head = nn.Linear(32, 5)
+        self.loss = nn.CrossEntropyLoss()
+
+    def forward(self, x, y):
+        x = torch.relu(self.down(torch.relu(self.stem(x))))
+        out = self.head(torch.relu(self.depthwise(x)).mean((2, 3)))
+        return out, self.loss(out, y)
+
+
+def test_small_output_and_depthwise_convolutions_train_like_eager():
+    x, y = _data((3, 8, 8), 4 * 3, 5)
+    ipu, _ = _train(SmallEnd(), lambda m: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9), x, y, n=3)
+    assert _calls(_code(ipu.session), "ipuxl_device_fuse_convolution_backward") == 3, _code(ipu.session)
+
+
+def test_momentum_update_of_a_matmul_gradient_is_one_gemm_and_trains_like_eager():
+    x, y = _data((12,), 4 * 5, 5)
+    ipu, _ = _train(MLP(), lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), x, y, n=5)
+    code = _code(ipu.session)
+    assert _calls(code, "ipuxl_kernels_var_updates_scaled_addmm_") == 2, code  # fc1.weight, fc2.weight
+    assert _calls(code, "torch.ops.aten.mm.default") == 1, code  # fc2's input gradient only
