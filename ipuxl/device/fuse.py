@@ -48,7 +48,8 @@ from ipuxl.kernels.random import DIRECT_CALLS
 from ipuxl.ops.elementwise import SCALED_ADD_KERNEL
 
 __all__ = ["fuse_matmul_updates", "fold_inverse_transposes", "fuse_adam_updates", "fuse_adam_steps",
-           "call_random_ops_directly", "select_kernels", "max_pool2d_with_indices", "convolution_backward"]
+           "call_random_ops_directly", "select_kernels", "max_pool2d_with_indices", "convolution_backward",
+           "fuse_sgd_momentum_steps"]
 
 _MATMULS = (torch.ops.aten.mm.default, torch.mm)
 _aten = torch.ops.aten
@@ -173,6 +174,40 @@ def _fuse_momentum_matmul_update(graph: fx.Graph, node: fx.Node) -> bool:
         return False
     _replace(graph, node, var_updates.scaled_addmm_, (node.args[0], *term.args, factor, alpha), {}, dead=(term,))
     return True
+
+
+def fuse_sgd_momentum_steps(graph: fx.Graph) -> bool:
+    """``scaled_add_(buf, g, m, 1)`` then ``W.addcmul_(buf, -lr)`` (an SGD momentum step;
+    ``m`` and ``-lr`` scalars) -> one ``sgd_momentum_step_(W, buf, g, m, -lr)`` where the
+    weight update was, when nothing between the two reads or writes ``buf``, ``g`` or ``W``;
+    True if any changed."""
+    changed = False
+    for node in list(graph.nodes):
+        if not (node.op == "call_function" and node.target is SCALED_ADD_KERNEL and len(node.args) == 4
+                and node.args[3] == 1 and _is_scalar(node.args[2]) and len(node.users) == 1):
+            continue
+        update = next(iter(node.users))
+        if not (update.target is torch.Tensor.addcmul_ and len(update.args) == 3 and not update.kwargs
+                and update.args[1] is node and _is_scalar(update.args[2])):
+            continue
+        buf, grad, weight = node.args[0], node.args[1], update.args[0]
+        if not all(isinstance(t, fx.Node) for t in (buf, grad, weight)) or _touched_between(node, update,
+                                                                                              {buf, grad, weight}):
+            continue
+        _replace(graph, update, var_updates.sgd_momentum_step_, (weight, buf, grad, node.args[2], update.args[2]), {},
+                 dead=(node,))
+        changed = True
+    return changed
+
+
+def _touched_between(first: fx.Node, last: fx.Node, tensors: set[Any]) -> bool:
+    """Whether a node strictly between ``first`` and ``last`` takes one of ``tensors`` as an argument."""
+    node = first.next
+    while node is not last:
+        if any(arg in tensors for arg in node.all_input_nodes):
+            return True
+        node = node.next
+    return False
 
 
 def _is_scalar(value: Any) -> bool:

@@ -58,7 +58,8 @@ from ipuxl.device.report import ProgramReport, program_report
 from ipuxl.device.profile import Profile, labelled_programs, profile_runs
 from ipuxl.device.resources import IpuSpec, check_fits
 from ipuxl.device.fuse import (
-    call_random_ops_directly, fuse_adam_steps, fuse_adam_updates, fuse_matmul_updates, select_kernels,
+    call_random_ops_directly, fuse_adam_steps, fuse_adam_updates, fuse_matmul_updates, fuse_sgd_momentum_steps,
+    select_kernels,
 )
 from ipuxl.ir.aliases import storage_owner, written_nodes
 from ipuxl.ir.calls import call_nodes, callee_of, does_host_io, reachable_graphs, transfer_counts
@@ -155,8 +156,8 @@ class Session:
         """Lower ``graph`` (inlining graphs with one call site), drop dead code, fuse updates."""
         root, code = lower_to_fx(graph, self._compile_callee, attrs, inline=lambda g: self._call_sites[g] == 1,
                                  io_index=self._io_index)
-        for rewrite in (eliminate_dead_code, fuse_matmul_updates, fuse_adam_steps, fuse_adam_updates,
-                        call_random_ops_directly, select_kernels):
+        for rewrite in (eliminate_dead_code, fuse_matmul_updates, fuse_sgd_momentum_steps, fuse_adam_steps,
+                        fuse_adam_updates, call_random_ops_directly, select_kernels):
             rewrite(code)
         # the Python code is generated once, after the rewrites
         module = torch.fx.GraphModule(root, code, class_name=identifier(f"ipuxl.{graph.name}"))

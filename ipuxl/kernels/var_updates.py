@@ -20,7 +20,7 @@ from ipuxl.dtypes import to_numpy_dtype
 __all__ = [
     "accumulate_", "accumulate_square_", "running_mean_", "moving_average_", "moving_average_square_", "scale_",
     "sparse_accumulate_", "adam_updater", "adamax_updater", "adam_update_", "fused_adam_step_", "adam_var_update_",
-    "scaled_addmm_",
+    "scaled_addmm_", "sgd_momentum_step_",
 ]
 
 
@@ -159,6 +159,50 @@ def scaled_addmm_(state: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor, a: An
             return state.mul_(a).addmm_(m1, m2, alpha=b)
         a = a.item()
     return state.addmm_(m1, m2, beta=a, alpha=b)
+
+
+#: ``torch._fused_sgd_`` rounds as the unfused steps in its vector loop, not in its scalar tail:
+#: it gets the leading multiple of this many elements (a multiple of every CPU vector width)
+_FUSED_SGD_BLOCK = 64
+
+
+def sgd_momentum_step_(weight: torch.Tensor, buf: torch.Tensor, grad: torch.Tensor, momentum: Any,
+                       negative_lr: Any) -> torch.Tensor:
+    """``buf = momentum * buf + grad; weight += negative_lr * buf``, mostly in one pass over
+    the three tensors (``torch._fused_sgd_``, the kernel of ``torch.optim.SGD(fused=True)``).
+
+    The device rewrites a momentum update followed by its weight update into this. On the
+    CPU the fused kernel's vector loop computes the same float operations per element as
+    the two ``mul_``/``add_`` steps and the ``addcmul_`` (bit for bit), reading and writing
+    each tensor once instead of three times; its scalar tail does not, so the last
+    ``numel % 64`` elements take the unfused steps. Elsewhere (other devices or dtypes,
+    non-contiguous tensors) all of it does.
+    """
+    n = weight.numel()
+    body = n - n % _FUSED_SGD_BLOCK
+    scalars = [s for s in (momentum, negative_lr) if isinstance(s, torch.Tensor)]
+    if not (body and weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.float64)
+            and buf.dtype == grad.dtype == weight.dtype and buf.shape == grad.shape == weight.shape
+            and weight.is_contiguous() and buf.is_contiguous() and grad.is_contiguous()
+            and all(s.device.type == "cpu" and s.dim() == 0 for s in scalars)):
+        _unfused_sgd_momentum_step_(weight, buf, grad, momentum, negative_lr)
+        return weight
+    w, b, g = weight.view(-1), buf.view(-1), grad.view(-1)
+    torch._fused_sgd_([w[:body]], [g[:body]], [b[:body]], weight_decay=0.0, momentum=float(momentum),
+                      lr=-float(negative_lr), dampening=0.0, nesterov=False, maximize=False, is_first_step=False)
+    if body < n:
+        _unfused_sgd_momentum_step_(w[body:], b[body:], g[body:], momentum, negative_lr)
+    return weight
+
+
+def _unfused_sgd_momentum_step_(weight: torch.Tensor, buf: torch.Tensor, grad: torch.Tensor, momentum: Any,
+                                negative_lr: Any) -> None:
+    """The steps ``optim.rules.sgd_`` emits for a momentum update and its weight update."""
+    buf.mul_(momentum).add_(grad)
+    if isinstance(negative_lr, torch.Tensor):
+        weight.addcmul_(buf, negative_lr)
+    else:
+        weight.add_(buf, alpha=negative_lr)
 
 
 def fused_adam_step_(weight: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor,

@@ -14,7 +14,8 @@ calls (``_code``: the device loop's step is a compiled loop body):
 * convolution gradients run through ``device.fuse.convolution_backward``, which computes
   small-output weight gradients as a GEMM, 5x5-and-larger depthwise ones as a convolution
   and then the bias gradient as a sum (checked against aten in float64, every output mask);
-* an SGD momentum update of a matmul gradient is one GEMM into the buffer (``scaled_addmm_``).
+* an SGD momentum update of a matmul gradient is one GEMM into the buffer (``scaled_addmm_``),
+  and a momentum step of any other gradient one pass (``sgd_momentum_step_``, bit for bit eager).
 """
 from __future__ import annotations
 
@@ -296,3 +297,46 @@ def test_momentum_update_of_a_matmul_gradient_is_one_gemm_and_trains_like_eager(
     code = _code(ipu.session)
     assert _calls(code, "ipuxl_kernels_var_updates_scaled_addmm_") == 2, code  # fc1.weight, fc2.weight
     assert _calls(code, "torch.ops.aten.mm.default") == 1, code  # fc2's input gradient only
+
+
+def test_sgd_momentum_steps_are_one_fused_pass_bit_for_bit_eager():
+    torch.manual_seed(0)
+    x, y = _data((1, 14, 14), 3 * 4, 4)
+    model = CNN()
+    eager = copy.deepcopy(model)
+    ipu = ipuxl.trainingModel(model, ipuxl.Options().deviceIterations(3),
+                              optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    eager_opt = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(2):
+        ipu(x, y)
+        for xs, ys in zip(x.chunk(3), y.chunk(3)):
+            eager_opt.zero_grad()
+            eager(xs, ys)[1].backward()
+            eager_opt.step()
+    ipu.copyWeightsToHost()
+    for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=0, atol=0, msg=lambda m, n=name: f"{n}: {m}")
+    code = _code(ipu.session)
+    # conv1, conv2 (weights and biases) and fc's bias; fc's weight takes scaled_addmm_
+    assert _calls(code, "ipuxl_kernels_var_updates_sgd_momentum_step_") == 5, code
+    assert _calls(code, "ipuxl_kernels_var_updates_scaled_addmm_") == 1, code
+
+
+def test_sgd_momentum_step_kernel_matches_the_unfused_steps():
+    from ipuxl.kernels.var_updates import sgd_momentum_step_
+
+    gen = torch.Generator().manual_seed(0)
+    for dtype, numel in ((torch.float32, 257), (torch.float32, 4), (torch.float32, 1024), (torch.float64, 300),
+                         (torch.float16, 257)):  # 257: the fused kernel's 256 and an unfused tail
+        w, buf, grad = (torch.randn(numel, generator=gen).to(dtype) for _ in range(3))
+        for momentum, negative_lr in ((torch.tensor(0.9), torch.tensor(-0.01)), (0.5, -0.1)):
+            want_w, want_buf = w.clone(), buf.clone()
+            want_buf.mul_(momentum).add_(grad)
+            if isinstance(negative_lr, torch.Tensor):  # the unfused update, as optim.rules emits it
+                want_w.addcmul_(want_buf, negative_lr)
+            else:
+                want_w.add_(want_buf, alpha=negative_lr)
+            got_w, got_buf = w.clone(), buf.clone()
+            sgd_momentum_step_(got_w, got_buf, grad, momentum, negative_lr)  # float16: the unfused steps
+            torch.testing.assert_close(got_buf, want_buf, rtol=0, atol=0)
+            torch.testing.assert_close(got_w, want_w, rtol=0, atol=0)
