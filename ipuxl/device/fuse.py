@@ -394,6 +394,11 @@ def max_pool2d_with_indices(x: torch.Tensor, kernel_size: Any, stride: Any = (),
 #: the weight gradient of a 2-D convolution whose output has at most this many positions over the
 #: whole batch (N x Ho x Wo) is one GEMM (see ``convolution_backward``)
 GEMM_WEIGHT_GRADIENT_MAX_POSITIONS = 16
+#: a pointwise convolution's gradients are GEMMs when out x in channels x output positions is at
+#: most this (above it oneDNN's kernels are as fast), NCHW ones only from this many positions
+#: and at several threads
+POINTWISE_GEMM_MAX_WORK = 4_000_000
+POINTWISE_GEMM_MIN_POSITIONS_NCHW = 64
 #: the weight gradient of a depthwise 2-D convolution with at least this many taps is a convolution
 DEPTHWISE_CONV_WEIGHT_GRADIENT_MIN_TAPS = 25
 
@@ -421,6 +426,8 @@ def convolution_backward(grad_output: torch.Tensor, x: torch.Tensor, weight: tor
     if not _is_plain_cpu_conv2d(x, transposed):
         return _aten.convolution_backward.default(grad_output, x, weight, bias_sizes, stride, padding, dilation,
                                                   transposed, output_padding, groups, output_mask)
+    if _pointwise_by_gemm(grad_output, x, weight, stride, padding, groups):
+        return _pointwise_backward(grad_output, x, weight, mask)
     weight_gradient = None
     if mask[1] and _gemm_weight_gradient(grad_output, weight, groups):
         weight_gradient = _weight_gradient_gemm
@@ -438,6 +445,53 @@ def convolution_backward(grad_output: torch.Tensor, x: torch.Tensor, weight: tor
         grad_bias = grad_output.sum((0, 2, 3))
     grad_weight = weight_gradient(grad_output, x, tuple(weight.shape), list(stride), list(padding),
                                   list(dilation)).contiguous(memory_format=_memory_format_of(weight))
+    return grad_input, grad_weight, grad_bias
+
+
+def _pointwise_by_gemm(grad_output: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: Sequence[int],
+                       padding: Sequence[int], groups: int) -> bool:
+    """A small pointwise (1x1, stride 1, unpadded, ungrouped) convolution, both tensors
+    channels-last, or NCHW at several threads: oneDNN's backward costs up to ~2x two GEMMs there."""
+    if tuple(weight.shape[2:]) != (1, 1) or list(stride) != [1, 1] or list(padding) != [0, 0] or groups != 1:
+        return False
+    positions = grad_output.numel() // grad_output.shape[1]
+    if weight.shape[0] * weight.shape[1] * positions > POINTWISE_GEMM_MAX_WORK:
+        return False
+    if _channels_last(x) and _channels_last(grad_output):
+        return True
+    # NCHW: only where oneDNN splits the small convolution over threads (at one thread it is faster)
+    return (x.is_contiguous() and grad_output.is_contiguous() and positions >= POINTWISE_GEMM_MIN_POSITIONS_NCHW
+            and torch.get_num_threads() > 1)
+
+
+def _channels_last(t: torch.Tensor) -> bool:
+    return t.is_contiguous(memory_format=torch.channels_last)
+
+
+def _pointwise_backward(grad_output: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                        mask: list[bool]) -> tuple[Any, ...]:
+    """A pointwise convolution's gradients as GEMMs: ``dW = g^T x`` and ``dx = g W`` over the
+    (batch x position, channel) matrices, in the tensors' own layout (no copies channels-last)."""
+    n, k, h, w = grad_output.shape
+    c = x.shape[1]
+    matrix = weight.reshape(k, c)
+    grad_input = grad_weight = grad_bias = None
+    if _channels_last(x) and _channels_last(grad_output):
+        g2, x2 = grad_output.permute(0, 2, 3, 1).reshape(-1, k), x.permute(0, 2, 3, 1).reshape(-1, c)
+        if mask[0]:
+            grad_input = torch.mm(g2, matrix).view(n, h, w, c).permute(0, 3, 1, 2)
+        if mask[1]:
+            grad_weight = torch.mm(g2.t(), x2)
+    else:
+        g3, x3 = grad_output.reshape(n, k, h * w), x.reshape(n, c, h * w)
+        if mask[0]:
+            grad_input = torch.matmul(matrix.t(), g3).view(n, c, h, w)
+        if mask[1]:
+            grad_weight = torch.mm(g3.transpose(0, 1).reshape(k, -1), x3.transpose(1, 2).reshape(-1, c))
+    if grad_weight is not None:
+        grad_weight = grad_weight.view(weight.shape).contiguous(memory_format=_memory_format_of(weight))
+    if mask[2]:
+        grad_bias = grad_output.sum((0, 2, 3))
     return grad_input, grad_weight, grad_bias
 
 

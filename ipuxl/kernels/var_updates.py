@@ -164,6 +164,9 @@ def scaled_addmm_(state: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor, a: An
 #: ``torch._fused_sgd_`` rounds as the unfused steps in its vector loop, not in its scalar tail:
 #: it gets the leading multiple of this many elements (a multiple of every CPU vector width)
 _FUSED_SGD_BLOCK = 64
+#: below this many elements (1 MiB of float32) the tensors stay in cache and the fused call's
+#: overhead (~9 us) costs more than the passes it saves
+FUSED_SGD_MIN_ELEMENTS = 1 << 18
 
 
 def sgd_momentum_step_(weight: torch.Tensor, buf: torch.Tensor, grad: torch.Tensor, momentum: Any,
@@ -175,24 +178,31 @@ def sgd_momentum_step_(weight: torch.Tensor, buf: torch.Tensor, grad: torch.Tens
     CPU the fused kernel's vector loop computes the same float operations per element as
     the two ``mul_``/``add_`` steps and the ``addcmul_`` (bit for bit), reading and writing
     each tensor once instead of three times; its scalar tail does not, so the last
-    ``numel % 64`` elements take the unfused steps. Elsewhere (other devices or dtypes,
-    non-contiguous tensors) all of it does.
+    ``numel % 64`` elements take the unfused steps. Tensors under ``FUSED_SGD_MIN_ELEMENTS``,
+    and elsewhere (other devices or dtypes, non-contiguous tensors), take the unfused steps.
     """
     n = weight.numel()
     body = n - n % _FUSED_SGD_BLOCK
-    scalars = [s for s in (momentum, negative_lr) if isinstance(s, torch.Tensor)]
-    if not (body and weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.float64)
-            and buf.dtype == grad.dtype == weight.dtype and buf.shape == grad.shape == weight.shape
-            and weight.is_contiguous() and buf.is_contiguous() and grad.is_contiguous()
-            and all(s.device.type == "cpu" and s.dim() == 0 for s in scalars)):
+    tensors = (weight, buf, grad)
+    if not (n >= FUSED_SGD_MIN_ELEMENTS and _fusable_sgd(tensors, momentum, negative_lr)):
         _unfused_sgd_momentum_step_(weight, buf, grad, momentum, negative_lr)
         return weight
-    w, b, g = weight.view(-1), buf.view(-1), grad.view(-1)
-    torch._fused_sgd_([w[:body]], [g[:body]], [b[:body]], weight_decay=0.0, momentum=float(momentum),
-                      lr=-float(negative_lr), dampening=0.0, nesterov=False, maximize=False, is_first_step=False)
+    w, b, g = tensors if body == n else (t.view(-1)[:body] for t in tensors)
+    torch._fused_sgd_([w], [g], [b], weight_decay=0.0, momentum=float(momentum), lr=-float(negative_lr),
+                      dampening=0.0, nesterov=False, maximize=False, is_first_step=False)
     if body < n:
-        _unfused_sgd_momentum_step_(w[body:], b[body:], g[body:], momentum, negative_lr)
+        tail_w, tail_b, tail_g = (t.view(-1)[body:] for t in tensors)
+        _unfused_sgd_momentum_step_(tail_w, tail_b, tail_g, momentum, negative_lr)
     return weight
+
+
+def _fusable_sgd(tensors: tuple[torch.Tensor, ...], momentum: Any, negative_lr: Any) -> bool:
+    """CPU float32/float64 tensors of one dtype and shape, contiguous, with scalar factors."""
+    weight = tensors[0]
+    return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.float64)
+            and all(t.dtype == weight.dtype and t.shape == weight.shape and t.is_contiguous() for t in tensors)
+            and all(s.device.type == "cpu" and s.dim() == 0 for s in (momentum, negative_lr)
+                    if isinstance(s, torch.Tensor)))
 
 
 def _unfused_sgd_momentum_step_(weight: torch.Tensor, buf: torch.Tensor, grad: torch.Tensor, momentum: Any,

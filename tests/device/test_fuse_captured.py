@@ -12,7 +12,8 @@ calls (``_code``: the device loop's step is a compiled loop body):
 * max pooling runs through ``device.fuse.max_pool2d_with_indices`` (the channels-last
   kernel), which gives bit for bit the values and indices of the NCHW kernel;
 * convolution gradients run through ``device.fuse.convolution_backward``, which computes
-  small-output weight gradients as a GEMM, 5x5-and-larger depthwise ones as a convolution
+  small pointwise convolutions' gradients and small-output weight gradients as GEMMs,
+  5x5-and-larger depthwise weight gradients as a convolution
   and then the bias gradient as a sum (checked against aten in float64, every output mask);
 * an SGD momentum update of a matmul gradient is one GEMM into the buffer (``scaled_addmm_``),
   and a momentum step of any other gradient one pass (``sgd_momentum_step_``, bit for bit eager).
@@ -228,6 +229,8 @@ CONVOLUTIONS = [
     (3, 8, 11, 10, 8, 5, 2, 4, 2, 8),  # depthwise, strided and dilated (taps cropped)
     (2, 8, 9, 9, 16, 3, 1, 1, 1, 2),  # grouped: aten's gradients
     (2, 8, 12, 12, 16, 3, 1, 1, 1, 1),  # large output: aten's weight gradient
+    (4, 24, 8, 8, 40, 1, 1, 0, 1, 1),  # small pointwise: both gradients as GEMMs
+    (2, 64, 16, 16, 128, 1, 1, 0, 1, 1),  # large pointwise: aten's
 ]
 MASKS = [[True, True, True], [False, True, True], [True, True, False], [False, True, False], [True, False, True],
          [False, False, True], [True, False, False]]
@@ -256,16 +259,17 @@ def test_convolution_backward_equals_aten(conv, channels_last):
 def test_convolution_backward_paths(monkeypatch):
     """Which weight gradient each convolution gets (the speed rules of ``device.fuse``)."""
     picked = []
-    for name in ("_weight_gradient_gemm", "_weight_gradient_depthwise"):
+    for name in ("_weight_gradient_gemm", "_weight_gradient_depthwise", "_pointwise_backward"):
         real = getattr(fuse, name)
         monkeypatch.setattr(fuse, name, lambda *a, real=real, name=name: picked.append(name) or real(*a))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # the rules for several threads
     for conv in CONVOLUTIONS:
         n, c, h, w, k, r, stride, pad, dil, groups = conv
         x, weight = torch.randn(n, c, h, w), torch.randn(k, c // groups, r, r)
         grad = torch.randn_like(torch.nn.functional.conv2d(x, weight, None, stride, pad, dil, groups))
         convolution_backward(grad, x, weight, [k], [stride] * 2, [pad] * 2, [dil] * 2, False, [0, 0], groups,
                              [True, True, True])
-    assert picked == ["_weight_gradient_gemm"] * 4 + ["_weight_gradient_depthwise"] * 3
+    assert picked == ["_weight_gradient_gemm"] * 4 + ["_weight_gradient_depthwise"] * 3 + ["_pointwise_backward"]
 
 
 class SmallEnd(nn.Module):
@@ -323,11 +327,13 @@ def test_sgd_momentum_steps_are_one_fused_pass_bit_for_bit_eager():
 
 
 def test_sgd_momentum_step_kernel_matches_the_unfused_steps():
+    from ipuxl.kernels import var_updates
     from ipuxl.kernels.var_updates import sgd_momentum_step_
 
     gen = torch.Generator().manual_seed(0)
-    for dtype, numel in ((torch.float32, 257), (torch.float32, 4), (torch.float32, 1024), (torch.float64, 300),
-                         (torch.float16, 257)):  # 257: the fused kernel's 256 and an unfused tail
+    big = var_updates.FUSED_SGD_MIN_ELEMENTS
+    for dtype, numel in ((torch.float32, big + 65), (torch.float32, 4), (torch.float32, big), (torch.float64, big + 3),
+                         (torch.float16, big + 1)):  # big + 65: the fused kernel's big + 64, an unfused tail
         w, buf, grad = (torch.randn(numel, generator=gen).to(dtype) for _ in range(3))
         for momentum, negative_lr in ((torch.tensor(0.9), torch.tensor(-0.01)), (0.5, -0.1)):
             want_w, want_buf = w.clone(), buf.clone()
