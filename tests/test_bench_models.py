@@ -73,3 +73,14 @@ def test_build_turns_dropout_and_stochastic_depth_off() -> None:
     assert all(m.p == 0 for m in regularisers)
     assert set(bench_models.MODELS) >= {"resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_large", "vit",
                                         "swin_t", "googlenet", "mnasnet1_0", "regnet_y_400mf", "densenet121"}
+
+
+def test_one_ulp_away_moves_every_weight_by_one_float32_ulp() -> None:
+    model = small_cnn()
+    before = [p.detach().clone() for p in model.parameters()]
+    moved = bench_models.one_ulp_away(model)
+    for old, new in zip(before, moved.parameters()):
+        up = torch.nextafter(old, torch.full_like(old, math.inf))
+        down = torch.nextafter(old, torch.full_like(old, -math.inf))
+        assert torch.all((new == up) | (new == down)) and not torch.equal(new, old)
+        assert 0.3 < (new == up).float().mean().item() < 0.7 or old.numel() < 20
