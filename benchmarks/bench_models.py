@@ -27,8 +27,8 @@ the same weights rounded otherwise; SqueezeNet channels-last is chaotic at that 
 1-ulp start ending 1e-2 from float64 in 6 steps while the unperturbed run stays at 1e-6),
 it passes when err(ipuxl) <= max(2 * err(eager32), 1e-5) and integer buffers are equal.
 The table's "err other" is the larger of the last two runs'. The check is tight where
-float32 is well conditioned (ConvNeXt, ViT, Swin: all float32 runs ~1e-6 off); where eager float32 itself is O(1) off (most of the
-BatchNorm CNNs) it only bounds ipuxl's error.
+float32 is well conditioned (ConvNeXt, ViT, Swin: all float32 runs ~1e-6 off); where
+eager float32 itself is O(1) off (most of the BatchNorm CNNs) it only bounds ipuxl's error.
 
 Timings: one untimed warm-up timing per side and ``--repeats`` alternating timings of
 ``--calls`` calls; each side's median is reported (``bench_mlp.alternate_timings``)

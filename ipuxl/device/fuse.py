@@ -29,6 +29,16 @@ kernel's own (the same windows scanned in the same order: bit for bit what the N
 kernel gives, NaNs and ties included), so everything downstream, the backward's
 ``max_pool2d_with_indices_backward`` included, is unchanged.
 
+5. SGD momentum (``fuse_sgd_momentum_steps``, and in ``fuse_matmul_updates``): a momentum
+update ``scaled_add_(buf, mm(a, g), m, 1)`` of a matmul gradient becomes one GEMM into the
+buffer (``kernels.var_updates.scaled_addmm_``); any other momentum update followed by its
+weight update becomes ``kernels.var_updates.sgd_momentum_step_`` (torch's fused SGD kernel
+on large CPU tensors, bit for bit the unfused steps).
+
+6. Convolution gradients (``select_kernels``): ``convolution_backward`` computes the
+gradients oneDNN is slow at for small images (small pointwise convolutions, small-output
+and large-kernel depthwise weight gradients) with GEMMs or a convolution.
+
 Preconditions: a lowered fx graph (calls of single-site graphs already inlined, so
 the gradient's matmul and its update sit in one graph). The matmul's result must
 have no other user.
@@ -214,7 +224,8 @@ def _is_scalar(value: Any) -> bool:
     """A Python number or a node of a 0-dimensional tensor."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return True
-    return isinstance(value, fx.Node) and isinstance(value.meta.get("val"), torch.Tensor) and value.meta["val"].dim() == 0
+    meta = value.meta.get("val") if isinstance(value, fx.Node) else None
+    return isinstance(meta, torch.Tensor) and meta.dim() == 0
 
 
 def _fuse_scaled_matmul_update(graph: fx.Graph, node: fx.Node) -> bool:
@@ -407,9 +418,10 @@ DEPTHWISE_CONV_WEIGHT_GRADIENT_MIN_TAPS = 25
 def convolution_backward(grad_output: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias_sizes: Any,
                          stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool,
                          output_padding: Sequence[int], groups: int, output_mask: Sequence[bool]) -> tuple[Any, ...]:
-    """``aten.convolution_backward``, with the weight gradient computed another way where
-    oneDNN's is slow (CPU, untransposed 2-D convolutions):
+    """``aten.convolution_backward``, with gradients computed another way where oneDNN's
+    kernels are slow (CPU, untransposed 2-D convolutions):
 
+    * a small pointwise convolution (``_pointwise_by_gemm``): both gradients as GEMMs;
     * ungrouped, at most ``GEMM_WEIGHT_GRADIENT_MAX_POSITIONS`` output positions in all (the
       last stages of an ImageNet CNN at small images or batches: for 512x512x3x3 at 2x2 and
       batch 4 oneDNN takes ~10x the forward's time): one GEMM, ``grad_output (K, N*L) @
@@ -418,7 +430,7 @@ def convolution_backward(grad_output: torch.Tensor, x: torch.Tensor, weight: tor
     * depthwise with ``DEPTHWISE_CONV_WEIGHT_GRADIENT_MIN_TAPS`` taps or more: one depthwise
       convolution (``_weight_gradient_depthwise``).
 
-    There the input gradient is oneDNN's alone and the bias gradient a sum (oneDNN's bias
+    For the last two the input gradient is oneDNN's alone, and always the bias gradient a sum (oneDNN's bias
     gradient without the weight's is slow). Values: the same products, summed in another
     order (float32 rounding, ~1e-7 relative); every other convolution is aten's, bit for bit.
     """

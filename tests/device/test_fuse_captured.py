@@ -244,7 +244,7 @@ def test_convolution_backward_equals_aten(conv, channels_last):
     x = torch.randn(n, c, h, w, dtype=torch.float64, generator=gen)
     weight = torch.randn(k, c // groups, r, r, dtype=torch.float64, generator=gen)
     if channels_last:
-        x, weight = x.contiguous(memory_format=torch.channels_last), weight.contiguous(memory_format=torch.channels_last)
+        x, weight = (t.contiguous(memory_format=torch.channels_last) for t in (x, weight))
     grad = torch.randn_like(torch.nn.functional.conv2d(x, weight, None, stride, pad, dil, groups))
     for mask in MASKS:
         args = (grad, x, weight, [k], [stride] * 2, [pad] * 2, [dil] * 2, False, [0, 0], groups, mask)
