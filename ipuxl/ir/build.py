@@ -15,6 +15,7 @@ from __future__ import annotations
 import operator
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_leaves, tree_map
@@ -63,7 +64,7 @@ def emit(
         ShapeMismatchError: the op cannot be built with these input shapes/dtypes.
     """
     graph = context.gcg()
-    kwargs = kwargs or {}
+    args, kwargs = tree_map(_numpy_scalar_to_python, (tuple(args), dict(kwargs or {})))
     if name is not None or context.name_scopes_open():
         name = context.scoped_name(name or op_name)
     check_same_graph(graph, op_name, args, kwargs)
@@ -204,6 +205,11 @@ def _getitem(graph: Graph, node: fx.Node, i: int, meta: Any, name: str | None) -
 # (anything else prints as a repr that names nothing, and fails only when the program runs).
 _CODEGEN_SAFE = (fx.Node, int, float, complex, str, type(None), type(...), slice, range, torch.dtype,
                  torch.device, torch.memory_format, torch.layout)
+
+
+def _numpy_scalar_to_python(value: Any) -> Any:
+    """A numpy scalar (``np.float32(0.5)``) as the Python number it holds, as ops take them."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _check_codegen_safe(op_name: str, args: Any) -> None:

@@ -304,3 +304,23 @@ def test_len_and_truth_of_tensors():
         assert isinstance(info2.value, TypeError)
         with pytest.raises(TypeError, match="in_sequence"):
             ipuxl.in_sequence(None)
+
+
+def test_numpy_scalars_are_numbers_in_ops():
+    """``x * np.float32(2)`` as PopXL takes it (the generated code once named ``np`` and failed)."""
+    import ipuxl
+    import ipuxl.ops as ops
+
+    ir = ipuxl.Ir()
+    with ir.main_graph:
+        x = ipuxl.variable(np.full(3, 3.0, np.float32))
+        y = ipuxl.variable(np.ones(3, np.float32))
+        outs = [x * np.float32(2), x ** np.int64(2), ops.scaled_add(x, y, np.float32(0.5), np.float64(2.0))]
+        streams = [ipuxl.d2h_stream(o.shape, o.dtype) for o in outs]
+        for stream, out in zip(streams, outs):
+            ops.host_store(stream, out)
+    with ipuxl.Session(ir, "cpu") as session:
+        got = session.run()
+    for stream, want in zip(streams, ([6.0] * 3, [9.0] * 3, [3.5] * 3)):
+        np.testing.assert_array_equal(got[stream], np.array(want, np.float32))
+        assert got[stream].dtype == np.float32
