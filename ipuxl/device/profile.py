@@ -121,6 +121,8 @@ class _Labeller:
                 body = new.call_function(_open, (f"{graph.name}: {_BETWEEN}",))
             label = self.label(node, graph)
             region = new.call_function(_open, (label,)) if label else None
+            # a plain fx copy of compiled code (not an IR graph): its alias records name IR
+            # nodes, as lowering left them (see ir.lower), not nodes of this code
             env[node] = new.node_copy(node, env.__getitem__)
             if CALLED_GRAPH in node.meta:
                 env[node].target = self.callee(node)

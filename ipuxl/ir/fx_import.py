@@ -29,6 +29,7 @@ import torch.fx as fx
 from ipuxl.ir.call_op import call_entry, is_call_graph_node
 from ipuxl.ir.context import SKIP_PREFIXES, STDLIB_DIR
 from ipuxl.ir.calls import CallTarget
+from ipuxl.ir.copy import copy_node
 from ipuxl.ir.meta import CALLED_GRAPH, IPU, NAME, OP, OP_ID, PIPELINE_STAGE, SOURCE, VIEW_OF
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def copy_fx_body(source: fx.GraphModule, new: fx.Graph, env: dict[fx.Node, fx.No
             if replaced is not None:
                 calls[node].meta.update(replaced.placement_of(node))
             continue
-        copied = new.node_copy(node, lambda n: env[n])
+        copied = copy_node(node, new, env)
         # the stack trace is only read here: kept, fx would print it into every generated program
         line = lines.innermost(copied.meta.pop("stack_trace", None))
         if line is None and replaced is not None:

@@ -185,6 +185,10 @@ def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[
                 for arg in node.all_input_nodes:
                     if arg not in env and is_host_transfer(arg):
                         env[arg] = io.next_slice(new, arg)
+            # A plain fx copy, deliberately not ir.copy.copy_node: the lowered graph is code,
+            # not IR. Its alias records keep naming this IR graph's nodes; the device's
+            # rewrites read them only as flags (``writes(node)``: does it write?), and a
+            # rewrite may erase a node they would name in the code.
             env[node] = new.node_copy(node, lambda n: env[n])
         if node in written_views:
             env[node] = new.call_function(torch.clone, (env[node],))

@@ -22,12 +22,16 @@ Alias records (see ``ipuxl.ir.aliases`` for their meaning):
 * ``MODIFIES``: an in-place op's result: the node it wrote to and returns.
 * ``VIEW_OF``: an op whose result shares storage with an input (reshape, slicing...).
 * ``WRITES``: every node an op writes in place (its in-place roots).
+
+These are the keys whose values are nodes: copy nodes between graphs with
+``ipuxl.ir.copy.copy_node``, which remaps them (``fx.Graph.node_copy`` alone would
+leave them naming the old graph's nodes).
 """
 from __future__ import annotations
 
 __all__ = [
     "NAME", "ROLE", "BY_REF", "STREAM", "OP", "OP_ID", "SOURCE", "IN_SEQUENCE", "MODIFIES", "VIEW_OF", "WRITES",
-    "CALLED_GRAPH", "BY_REF_ARGS", "OUTLINED", "NEGATED", "META_SHAPE", "IPU", "PIPELINE_STAGE", "REMOTE",
+    "CALLED_GRAPH", "BY_REF_ARGS", "OUTLINED", "META_SHAPE", "IPU", "PIPELINE_STAGE", "REMOTE",
     "Role", "COLLECTIVE_OPS",
 ]
 
@@ -59,8 +63,6 @@ BY_REF_ARGS = "ipuxl_by_ref_args"
 """On a call node: the set of argument positions passed by reference."""
 OUTLINED = "ipuxl_outlined"
 """On a call node the outlining pass created: ``True``."""
-NEGATED = "ipuxl_negated"
-"""Cache of ``optim.rules``: the node holding a value's negation, and where it was made."""
 META_SHAPE = "ipuxl_meta_shape"
 """On collective ops: the shape of the tensor before replication-dependent reshaping."""
 IPU = "ipuxl_ipu"

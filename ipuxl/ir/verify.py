@@ -10,7 +10,9 @@ still a well-formed IR, and if not, what is broken and where. Pass tests call
    once, and every such placeholder is an input; outputs and every Tensor handle
    belong to this graph and stand for nodes still in it;
 3. every node carries its value's spec (``meta["val"]``);
-4. alias records (``MODIFIES``, ``VIEW_OF``, ``WRITES``) name nodes of this graph;
+4. alias records (``ir.copy.NODE_RECORDS``: ``MODIFIES``, ``VIEW_OF``, ``WRITES``)
+   name nodes of this graph, not of the graph a node was copied from (copy nodes
+   with ``ir.copy.copy_node``, which remaps them);
 5. calls and repeats call a graph of the same IR with one argument per callee
    input; by-reference positions and ``getitem`` indices are in range;
 6. a differentiated graph's ``grad_info`` describes this graph.
@@ -21,14 +23,14 @@ Example:
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any, Iterable, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch.fx as fx
 
 from ipuxl.errors import PassError
-from ipuxl.ir.aliases import writes
 from ipuxl.ir.calls import callee
-from ipuxl.ir.meta import BY_REF_ARGS, CALLED_GRAPH, MODIFIES, ROLE, VIEW_OF, Role
+from ipuxl.ir.copy import node_records
+from ipuxl.ir.meta import BY_REF_ARGS, CALLED_GRAPH, ROLE, Role
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
@@ -115,13 +117,11 @@ def _check_node(graph: "Graph", node: fx.Node, nodes: set[fx.Node]) -> None:
         return
     if "val" not in node.meta:
         _fail(graph, f"node '{node.name}' has no meta['val'] (its shape and dtype)", node)
-    records = (("MODIFIES", _as_list(node.meta.get(MODIFIES))), ("VIEW_OF", _as_list(node.meta.get(VIEW_OF))),
-               ("WRITES", writes(node)))
-    for key, named in records:
-        for target in named:
-            if target not in nodes:
-                _fail(graph, f"node '{node.name}' records {key} of '{getattr(target, 'name', target)}', "
-                             "which is not a node of this graph", node)
+    for key, target in node_records(node):
+        if target not in nodes:
+            _fail(graph, f"node '{node.name}' records {key} of '{getattr(target, 'name', target)}', which is not "
+                         f"a node of this graph{_owner(graph, target)}", node,
+                  fix="copy nodes between graphs with ipuxl.ir.copy.copy_node, which remaps alias records")
     called = callee(node)
     if called is not None:
         _check_call(graph, node, called)
@@ -172,10 +172,15 @@ def _check_grad_info(graph: "Graph") -> None:
                          f"'{c.fwd_tensor.graph.name}'")
 
 
-def _as_list(value: Any) -> Iterable[Any]:
-    return () if value is None else (value,)
+def _owner(graph: "Graph", target: Any) -> str:
+    """Where a node named by a record lives, when that is another graph of the IR."""
+    owner = getattr(target, "graph", None)
+    for g in graph.ir.graphs:
+        if g is not graph and g.fx is owner:
+            return f" but of graph '{g.name}'"
+    return ""
 
 
-def _fail(graph: "Graph", problem: str, node: fx.Node | None = None) -> NoReturn:
+def _fail(graph: "Graph", problem: str, node: fx.Node | None = None, fix: str = _FIX) -> NoReturn:
     where = f"graph '{graph.name}'" + (f", node '{node.name}'" if node is not None else "")
-    raise PassError(f"IR check failed: graph '{graph.name}': {problem}", where=where, fix=_FIX)
+    raise PassError(f"IR check failed: graph '{graph.name}': {problem}", where=where, fix=fix)

@@ -30,6 +30,7 @@ Conventions:
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -41,7 +42,6 @@ from ipuxl.errors import InvalidArgumentError
 from ipuxl.ir.aliases import storage_owner, writes
 from ipuxl.ir.context import in_sequence, user_source_line
 from ipuxl.ir.graph_builder import constant
-from ipuxl.ir.meta import NEGATED
 from ipuxl.ir.tensor import Tensor
 from ipuxl.ops import var_updates
 from ipuxl.ops.elementwise import add_, equal, maximum, scaled_add, scaled_add_, sqrt, where
@@ -402,22 +402,31 @@ def _compute_dtype(weight: Tensor, grad: Tensor) -> torch.dtype:
     return torch.promote_types(weight.spec.dtype, grad.spec.dtype)
 
 
+#: ``_negated``'s cache: for a hyperparameter tensor's node, weak references to the node
+#: holding its negation and to the last node of the graph when that was checked. Not
+#: an IR fact (copies of a node must not inherit it), so it lives here, not in meta;
+#: weak both ways, so it keeps no graph alive.
+_NEGATIONS: "weakref.WeakKeyDictionary[fx.Node, tuple[weakref.ref[fx.Node], weakref.ref[fx.Node]]]" = \
+    weakref.WeakKeyDictionary()
+
+
 def _negated(value: Hyper) -> Hyper:
     """``-value``. A tensor (a learning-rate variable) is negated once in its graph and
     that result reused by the later updates, one ``neg`` op per step and param group
     instead of one per weight, as long as no op in between writes the tensor."""
     if not isinstance(value, Tensor):
         return -value
-    cached = value.node.meta.get(NEGATED)
+    cached = _NEGATIONS.get(value.node)
     if cached is not None:
-        negated, checked = cached
+        negated, checked = cached[0](), cached[1]()
         # fx marks an erased node only with its private ``_erased`` flag (a later pass may erase these)
-        if (negated.graph is value.node.graph and not getattr(negated, "_erased", False)
-                and not getattr(checked, "_erased", False) and not _written_after(value.node, checked)):
-            value.node.meta[NEGATED] = (negated, _last_node(negated.graph))
+        if (negated is not None and checked is not None and negated.graph is value.node.graph
+                and not getattr(negated, "_erased", False) and not getattr(checked, "_erased", False)
+                and not _written_after(value.node, checked)):
+            _NEGATIONS[value.node] = (weakref.ref(negated), weakref.ref(_last_node(negated.graph)))
             return value.graph.wrap(negated)
     result = -value
-    value.node.meta[NEGATED] = (result.node, result.node)
+    _NEGATIONS[value.node] = (weakref.ref(result.node), weakref.ref(result.node))
     return result
 
 

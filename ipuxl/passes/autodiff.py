@@ -43,10 +43,14 @@ Callees that cannot be handled so are traced through (inlined) as before: loop
 bodies (``ops.repeat``), graphs that modify an input in place, graphs with host
 transfers, graphs already differentiated by an earlier ``autodiff``, and graphs
 without a floating-point input and output.
+
+The pass is three modules: this one (the transform, gradient selection, called
+graphs, the joint trace of step 1 and the order of the steps),
+``autodiff_partition`` (steps 1b-5, on the joint graph) and ``autodiff_units``
+(graphs made of calls, unit by unit).
 """
 from __future__ import annotations
 
-import operator
 from typing import Any, Callable, Iterable, Literal, Mapping, NoReturn, Sequence, cast, overload
 
 import torch
@@ -56,22 +60,22 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from ipuxl.dtypes import dtype_name
 from ipuxl.errors import AutodiffError
-from ipuxl.ir.aliases import writes, written_nodes
-from ipuxl.ir.build import emit
+from ipuxl.ir.aliases import written_nodes
 from ipuxl.ir.call_op import CallEntry
 from ipuxl.ir.calls import call_nodes, callee, does_host_io, is_repeat, reachable_from, transfer_counts
 from ipuxl.ir.context import user_source_line
-from ipuxl.ir.fx_import import copy_fx_body, returns_view
 from ipuxl.ir.grad_info import ExpectedConnectionType, GradGraphInfo
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.lower import compiled_callee, graph_callable, lower_graph
-from ipuxl.ir.meta import BY_REF_ARGS, COLLECTIVE_OPS, MODIFIES, NAME, OP, SOURCE, VIEW_OF
-from ipuxl.ir.tensor import Tensor, TensorSpec
-from ipuxl.ops.call import CallSiteInfo, call, call_with_info
+from ipuxl.ir.meta import COLLECTIVE_OPS, OP, SOURCE
+from ipuxl.ir.tensor import Tensor
+from ipuxl.passes.autodiff_partition import BWD_TAG as BWD_TAG, FWD_TAG as FWD_TAG  # importable from here too
+from ipuxl.passes.autodiff_partition import (build_grad_graph, check_gradient_paths, recompute_input_views,
+                                             rewrite_forward, tag_forward)
+from ipuxl.passes.autodiff_units import MAX_OP_SEGMENTS as MAX_OP_SEGMENTS, MIN_CALL_UNITS as MIN_CALL_UNITS
+from ipuxl.passes.autodiff_units import Unit as Unit, differentiate_units
 
 __all__ = ["autodiff", "differentiate"]
-
-FWD_TAG, BWD_TAG = "is_forward", "is_backward"
 
 
 # -- the transform (PopXL's transforms.autodiff) -----------------------------------------------
@@ -187,7 +191,7 @@ def differentiate(graph: Graph, grads_provided: Sequence[Tensor] | None, grads_r
     provided, required = _select(graph, grads_provided, grads_required)
     callees = _CalledGraphs(graph)  # holds the call entries until the trace is imported
     explicit = grads_required is not None and check_paths
-    info = _differentiate_units(graph, provided, required, explicit, callees)
+    info = differentiate_units(graph, provided, required, explicit, lambda g: callees.entry(g) is not None)
     if info is None:
         info = _differentiate_traced(graph, provided, required, explicit, callees)
     graph.grad_info = info
@@ -199,12 +203,12 @@ def _differentiate_traced(graph: Graph, provided: list[Tensor], required: list[T
     """Steps 1-5 of the module docstring."""
     joint = _trace_joint(graph, provided, required, callees)
     n_fwd = len(graph.outputs)
-    _check_paths(graph, joint, n_fwd, required, explicit)
-    _tag_forward(joint, n_fwd)
-    _recompute_input_views(joint)
+    check_gradient_paths(graph, joint, n_fwd, required, explicit)
+    tag_forward(joint, n_fwd)
+    recompute_input_views(joint)
     fw, bw = default_partition(joint, None, num_fwd_outputs=n_fwd)
-    saved = _rewrite_forward(graph, fw, n_fwd)
-    grad_graph = _build_grad_graph(graph, bw, provided, saved, required)
+    saved = rewrite_forward(graph, fw, n_fwd)
+    grad_graph = build_grad_graph(graph, bw, provided, saved, required)
     return GradGraphInfo.of(grad_graph, graph, provided, [t for _, t in saved], required)
 
 
@@ -342,290 +346,6 @@ def _require_member(t: Tensor, members: Sequence[Tensor], graph: Graph, arg: str
                             fix=f"pass tensors from graph.{'outputs' if what == 'an output' else 'inputs'}")
 
 
-# -- graphs made of calls: differentiate unit by unit -------------------------------------------
-MIN_CALL_UNITS = 2  # fewer calls: the joint trace below is as cheap
-MAX_OP_SEGMENTS = 8  # each run of ops between calls is traced on its own
-
-# A unit: ("call", call node), ("ops", [nodes of a segment]) or ("free", node off the gradient path).
-Unit = tuple[str, Any]
-
-
-def _differentiate_units(graph: Graph, provided: list[Tensor], required: list[Tensor], explicit: bool,
-                         callees: _CalledGraphs) -> GradGraphInfo | None:
-    """Differentiate a graph that calls shared graphs without tracing through the calls.
-
-    The graph is cut, in program order, into units: each call of a differentiable
-    callee, and each run of other ops between them (a segment, moved into a graph of
-    its own and differentiated with the joint trace below). The forward becomes a
-    sequence of calls; the grad graph is built at the IR level, units in reverse:
-    each unit's grad graph is called with the gradients of its outputs (summed over
-    their readers) and the forward tensors it saved. A joint trace would cost a few
-    tensor operations per tensor crossing a call, for every call; this costs one IR
-    call per unit. Returns None (use the joint trace) for graphs with in-place ops,
-    fewer than ``MIN_CALL_UNITS`` such calls or more than ``MAX_OP_SEGMENTS`` segments.
-    """
-    nodes = list(graph.fx.nodes)
-    if any(writes(n) or MODIFIES in n.meta for n in nodes):
-        return None
-
-    def is_unit_call(node: fx.Node) -> bool:
-        called = callee(node)
-        return (called is not None and not is_repeat(node) and not node.meta.get(BY_REF_ARGS)
-                and callees.entry(called) is not None)
-
-    on_path = _gradient_path(nodes, provided, required)
-    units = _units(nodes, on_path, is_unit_call)
-    if (sum(kind == "call" for kind, _ in units) < MIN_CALL_UNITS
-            or sum(kind == "ops" for kind, _ in units) > MAX_OP_SEGMENTS):
-        return None
-    infos = _rebuild_as_calls(graph, units, on_path, {t.node for t in provided})
-    return _grad_by_units(graph, infos, provided, required, explicit)
-
-
-def _gradient_path(nodes: list[fx.Node], provided: list[Tensor], required: list[Tensor]) -> set[fx.Node]:
-    """What the gradients flow through: nodes reached from the required inputs that
-    reach the provided outputs."""
-    needs_grad = {t.node for t in required}
-    for node in nodes:
-        if node not in needs_grad and any(a in needs_grad for a in node.all_input_nodes):
-            needs_grad.add(node)
-    feeds_output: set[fx.Node] = set()
-    stack = [t.node for t in provided]
-    while stack:
-        node = stack.pop()
-        if node not in feeds_output:
-            feeds_output.add(node)
-            stack.extend(node.all_input_nodes)
-    return needs_grad & feeds_output
-
-
-def _units(nodes: list[fx.Node], on_path: set[fx.Node], is_unit_call: Callable[[fx.Node], bool]) -> list[Unit]:
-    """The graph's ops as units, in program order.
-
-    Ops off the gradient path (seeds, masks, metrics) stay in the forward as they are,
-    moved ahead of an open run when they do not read it (all ops here are pure), so
-    that they do not split runs.
-    """
-    units: list[Unit] = []
-    segment: list[fx.Node] = []
-    in_segment: set[fx.Node] = set()
-    hoisted: list[fx.Node] = []
-
-    def close() -> None:
-        units.extend(("free", n) for n in hoisted)
-        if segment:
-            units.append(("ops", list(segment)))
-        hoisted.clear()
-        segment.clear()
-        in_segment.clear()
-
-    for node in nodes:
-        if node.op != "call_function":
-            continue
-        if node.target is operator.getitem and is_unit_call(_arg_node(node, 0)):
-            continue
-        if is_unit_call(node):
-            close()
-            units.append(("call", node))
-        elif node in on_path or any(a in in_segment for a in node.all_input_nodes):
-            segment.append(node)
-            in_segment.add(node)
-        elif segment:
-            hoisted.append(node)
-        else:
-            units.append(("free", node))
-    close()
-    return units
-
-
-def _rebuild_as_calls(graph: Graph, units: list[Unit], on_path: set[fx.Node],
-                      provided: set[fx.Node]) -> list[CallSiteInfo]:
-    """Replace ``graph``'s body by one call per unit (segments become graphs); return the
-    call sites, in program order."""
-    returned = {t.node for t in graph.outputs}
-    plans: list[Unit] = [("ops", _segment_graph(graph, unit, returned, on_path, provided)) if kind == "ops"
-                         else (kind, unit) for kind, unit in units]
-    old_outputs = list(graph.outputs)
-    new = fx.Graph()
-    node_map: dict[fx.Node, fx.Node] = {}
-    for node in graph.fx.nodes:
-        if node.op == "placeholder":
-            node_map[node] = new.placeholder(cast(str, node.target))
-            node_map[node].meta.update(node.meta)
-    infos: list[CallSiteInfo] = []
-    with graph.rebuild(new, node_map), graph:
-        env = _BodyValues(graph, {old: graph.wrap(fresh) for old, fresh in node_map.items()})
-        for kind, plan in plans:
-            if kind == "free":
-                env.copy(plan)
-            else:
-                infos.append(env.call(kind, plan))
-        for handle in old_outputs:  # the caller's output handles stay valid
-            if handle.node.op != "placeholder":  # an input: it followed its placeholder already
-                node_map[handle.node] = env.value(handle.node).node
-    return infos
-
-
-class _BodyValues:
-    """The values of the old body's nodes in the body being rebuilt (``_rebuild_as_calls``)."""
-
-    def __init__(self, graph: Graph, env: dict[fx.Node, Tensor]):
-        self.graph, self.env = graph, env
-
-    def value(self, node: fx.Node) -> Tensor:
-        if node not in self.env and node.op == "get_attr":  # a constant passed to a call
-            fresh = self.graph.fx.get_attr(cast(str, node.target))
-            fresh.meta.update(node.meta)
-            self.env[node] = self.graph.wrap(fresh)
-        return self.env[node]
-
-    def copy(self, node: fx.Node) -> None:
-        """An op off the gradient path, copied as it is."""
-        fresh = self.graph.fx.node_copy(node, lambda n: self.value(n).node)
-        if VIEW_OF in node.meta:
-            fresh.meta[VIEW_OF] = self.value(node.meta[VIEW_OF]).node
-        self.env[node] = self.graph.wrap(fresh)
-
-    def call(self, kind: str, plan: Any) -> CallSiteInfo:
-        """The call of a segment's graph (``kind == "ops"``) or of a callee, in place of the unit."""
-        if kind == "ops":
-            sub, ins, outs = plan
-            info = call_with_info(sub, *[self.value(n) for n in ins])
-            self.env.update(zip(outs, info.outputs))
-            return info
-        info = call_with_info(cast(Graph, callee(plan)), *[self.value(a) for a in _arg_nodes(plan)])
-        for user in plan.users:
-            self.env[user] = info.outputs[cast(int, user.args[1])]
-        return info
-
-
-def _segment_graph(graph: Graph, nodes: list[fx.Node], returned: set[fx.Node], on_path: set[fx.Node],
-                   provided_nodes: set[fx.Node]) -> tuple[Graph, list[fx.Node], list[fx.Node]]:
-    """A run of ``graph``'s ops as a graph of its own, differentiated for the inputs on a
-    gradient path (``on_path``) and the outputs a gradient comes back to (provided
-    outputs of ``graph``, or read on the path after the run): (graph, input nodes, output nodes)."""
-    inside = set(nodes)
-    ins: list[fx.Node] = []
-    for node in nodes:
-        for a in node.all_input_nodes:
-            if a not in inside and a.op != "get_attr" and a not in ins:
-                ins.append(a)
-    outs = [n for n in nodes if n in returned or any(u not in inside for u in n.users)]
-    sub = graph.ir.new_subgraph(f"{graph.base_name}_ops")
-    copies = _copy_segment(graph, sub, nodes, ins)
-    sub.set_outputs([sub.wrap(copies[n]) for n in outs])
-    provided = [t for t, n in zip(sub.outputs, outs) if t.dtype.is_floating_point and (
-        n in provided_nodes or (n in on_path and any(u not in inside and u in on_path for u in n.users)))]
-    required = [t for t, n in zip(sub.inputs, ins) if n in on_path and t.dtype.is_floating_point]
-    if provided and required:
-        differentiate(sub, provided, required, check_paths=False)
-    return sub, ins, outs
-
-
-def _copy_segment(graph: Graph, sub: Graph, nodes: list[fx.Node], ins: list[fx.Node]) -> dict[fx.Node, fx.Node]:
-    """Copy ``nodes`` into ``sub``, reading ``ins`` as its inputs (constants are copied
-    along); return {node of ``graph``: its copy}."""
-    env: dict[fx.Node, fx.Node] = {}
-    for node in ins:
-        val = node.meta["val"]
-        env[node] = sub.add_input(TensorSpec(tuple(val.shape), val.dtype), node.meta.get(NAME, node.name)).node
-    for node in nodes:
-        for a in node.all_input_nodes:
-            if a.op == "get_attr" and a not in env:
-                target = cast(str, a.target)
-                env[a] = sub.fx.get_attr(target)
-                env[a].meta.update(a.meta)
-                sub.constant_data[target] = graph.constant_data[target]
-        copied = sub.fx.node_copy(node, lambda n: env[n])
-        view_of = node.meta.get(VIEW_OF)
-        if view_of is not None:
-            copied.meta[VIEW_OF] = env.get(view_of, copied.all_input_nodes[0] if copied.all_input_nodes else None)
-        env[node] = copied
-    return env
-
-
-def _grad_by_units(graph: Graph, infos: list[CallSiteInfo], provided: list[Tensor], required: list[Tensor],
-                   explicit: bool) -> GradGraphInfo:
-    """The grad graph of a graph rebuilt as calls (``infos``): each unit's grad graph called
-    in reverse order, gradients summed over readers."""
-    grad = graph.ir.new_subgraph(f"{graph.base_name}_grad")
-    sums = _GradSums(graph, grad)
-    with grad:
-        for t in provided:
-            sums.add(t.node, grad.add_input(t.spec, f"Gradient___{t.name}"))
-        for info in reversed(infos):
-            sums.call_unit_grad(info)
-        outputs = [_required_grad(graph, sums, t, explicit) for t in required]
-    grad.set_outputs(outputs)
-    return GradGraphInfo.of(grad, graph, provided, sums.saved_fwd, required)
-
-
-class _GradSums:
-    """Gradients so far while building a grad graph unit by unit, and the forward
-    tensors it reads (made forward outputs where needed)."""
-
-    def __init__(self, graph: Graph, grad: Graph):
-        self.graph, self.grad = graph, grad
-        self.sums: dict[fx.Node, Tensor] = {}  # forward node -> its gradient so far
-        self.saved: dict[fx.Node, Tensor] = {}  # forward node -> grad-graph input holding it
-        self.saved_fwd: list[Tensor] = []
-        self.visible = {id(t) for t in (*graph.inputs, *graph.outputs)}
-
-    def add(self, node: fx.Node, g: Tensor) -> None:
-        self.sums[node] = g if node not in self.sums else self.sums[node] + g
-
-    def forward_value(self, t: Tensor) -> Tensor:
-        """The grad-graph input holding forward tensor ``t`` (made a forward output if needed)."""
-        if t.node not in self.saved:
-            fwd = self.graph.wrap(t.node)
-            if id(fwd) not in self.visible:
-                self.graph.add_output(fwd)
-                self.visible.add(id(fwd))
-            self.saved[t.node] = self.grad.add_input(fwd.spec, fwd.name)
-            self.saved_fwd.append(fwd)
-        return self.saved[t.node]
-
-    def call_unit_grad(self, info: CallSiteInfo) -> None:
-        """Call the grad graph of the unit called at ``info``, if anything downstream needs it."""
-        unit = info.called_graph.grad_info
-        if unit is None:
-            return
-        expected = unit.expected_inputs
-        parents = [info.graph_to_parent(c.fwd_tensor) for c in expected]
-        fwd_grad = ExpectedConnectionType.FwdGrad
-        if not any(c.connection_type is fwd_grad and p.node in self.sums for c, p in zip(expected, parents)):
-            return  # nothing downstream needs this unit's gradients
-        args = []
-        for c, parent in zip(expected, parents):
-            if c.connection_type is fwd_grad:
-                args.append(self.sums[parent.node] if parent.node in self.sums else _zeros(c.fwd_tensor))
-            else:
-                args.append(self.forward_value(parent))
-        for t, g in zip(unit.outputs, call(unit.graph, *args)):
-            self.add(info.graph_to_parent(t).node, g)
-
-
-def _required_grad(graph: Graph, sums: _GradSums, t: Tensor, explicit: bool) -> Tensor:
-    """The gradient of required input ``t`` (zeros without a path, unless ``explicit``)."""
-    g = sums.sums.get(t.node)
-    if g is None:
-        if explicit:
-            raise AutodiffError(
-                f"autodiff of graph '{graph.name}': input '{t.name}' has no differentiable path to the "
-                "outputs in grads_provided (its gradient would always be zero)", where=user_source_line(),
-                fix="remove it from grads_required, or check that the outputs use it")
-        g = _zeros(t)
-    if g.node.op != "placeholder":
-        g.node.meta[NAME] = f"Gradient___{t.name}"
-    return g
-
-
-def _zeros(like: Tensor) -> Tensor:
-    shape, dtype = list(like.shape), like.spec.dtype
-    return emit("zeros", torch.ops.aten.zeros.default, (shape,), {"dtype": dtype, "device": torch.device("cpu")},
-                meta_fn=lambda *a, **k: torch.empty(shape, dtype=dtype, device="meta"))
-
-
 # -- step 1: joint trace ----------------------------------------------------------------------
 def _trace_joint(graph: Graph, provided: list[Tensor], required: list[Tensor],
                  callees: _CalledGraphs) -> fx.GraphModule:
@@ -663,170 +383,3 @@ def _trace_joint(graph: Graph, provided: list[Tensor], required: list[Tensor],
 
 def _index(tensors: Sequence[Tensor], t: Tensor) -> int:
     return next(i for i, m in enumerate(tensors) if m is t)
-
-
-def _output_args(graph: fx.Graph) -> list[Any]:
-    """The values an fx graph returns (its output node's tuple)."""
-    return list(cast(Sequence[Any], graph.output_node().args[0]))
-
-
-def _arg_node(node: fx.Node, i: int) -> fx.Node:
-    """Argument ``i`` of ``node``, a node (a getitem's tuple, say)."""
-    return cast(fx.Node, node.args[i])
-
-
-def _arg_nodes(node: fx.Node) -> list[fx.Node]:
-    """The arguments of a call node (all nodes)."""
-    return [cast(fx.Node, a) for a in node.args]
-
-
-def _check_paths(graph: Graph, joint: fx.GraphModule, n_fwd: int, required: list[Tensor], explicit: bool) -> None:
-    """Raise when an explicitly required gradient does not depend on any provided gradient."""
-    if not explicit:
-        return
-    grads = _output_args(joint.graph)[n_fwd:]
-    reached = _tangent_dependent(joint)
-    for t, grad in zip(required, grads):
-        if grad not in reached:
-            raise AutodiffError(
-                f"autodiff of graph '{graph.name}': input '{t.name}' has no differentiable path to the "
-                "outputs in grads_provided (its gradient would always be zero)", where=user_source_line(),
-                fix="remove it from grads_required, or check that the outputs use it (ops.detach stops gradients)")
-
-
-def _tangent_dependent(joint: fx.GraphModule) -> set[fx.Node]:
-    """Nodes that depend on a tangent input (one pass in program order)."""
-    reached: set[fx.Node] = set()
-    for node in joint.graph.nodes:
-        if (node.op == "placeholder" and node.name.startswith("tangents")) or any(
-                a in reached for a in node.all_input_nodes):
-            reached.add(node)
-    return reached
-
-
-# -- step 2: tags -----------------------------------------------------------------------------------
-def _tag_forward(joint: fx.GraphModule, n_fwd: int) -> None:
-    forward_nodes: set[fx.Node] = set()
-    stack = [n for n in _output_args(joint.graph)[:n_fwd] if isinstance(n, fx.Node)]
-    while stack:
-        node = stack.pop()
-        if node not in forward_nodes:
-            forward_nodes.add(node)
-            stack.extend(node.all_input_nodes)
-    # Every result of a forward op with several results is forward too (nll_loss_forward's
-    # total_weight, max_pool's indices...): tagged backward, a result the backward reads
-    # would make the partitioner run the whole op again in the backward.
-    for node in list(forward_nodes):
-        if node.users and all(user.op == "call_function" and user.target is operator.getitem
-                              for user in node.users):
-            forward_nodes.update(node.users)
-    for node in joint.graph.nodes:
-        if node.op in ("call_function", "get_attr"):
-            node.meta["partitioner_tag"] = FWD_TAG if node in forward_nodes else BWD_TAG
-
-
-def _recompute_input_views(joint: fx.GraphModule) -> None:
-    """Views of the graph's inputs that the backward reads (``t(weight)``, a permuted
-    input...) are recomputed in the backward from the input, which is saved instead.
-    Saved as they are, they would be forward outputs sharing an input's storage, which
-    a call copies (its outputs are new tensors): a copy of every transposed weight per
-    step. Each such view chain gets a copy tagged backward, placed before the first
-    backward reader (the partitioner keeps the graph's order), read by the backward."""
-    graph = joint.graph
-    order = {node: i for i, node in enumerate(graph.nodes)}
-    readers = {node: [u for u in node.users if u.meta.get("partitioner_tag") == BWD_TAG]
-               for node in graph.nodes
-               if node.meta.get("partitioner_tag") == FWD_TAG and returns_view(node.target) and _input_view(node)}
-    readers = {node: users for node, users in readers.items() if users}
-    if not readers:
-        return
-    anchor = min((u for users in readers.values() for u in users), key=order.__getitem__)
-    copies: dict[fx.Node, fx.Node] = {}
-
-    def backward_copy(node: fx.Node) -> fx.Node:
-        if node.op == "placeholder":
-            return node
-        if node not in copies:
-            source = backward_copy(cast(fx.Node, node.args[0]))
-            with graph.inserting_before(anchor):
-                copy = graph.call_function(cast(Callable[..., Any], node.target), (source, *node.args[1:]),
-                                           dict(node.kwargs))
-            copy.meta.update(node.meta)
-            copy.meta["partitioner_tag"] = BWD_TAG
-            copies[node] = copy
-        return copies[node]
-
-    for node, users in readers.items():
-        copy = backward_copy(node)
-        for user in users:
-            user.replace_input_with(node, copy)
-
-
-def _input_view(node: fx.Node) -> bool:
-    """Whether ``node`` is a chain of views of a placeholder."""
-    while node.op == "call_function" and returns_view(node.target) and isinstance(node.args[0], fx.Node):
-        node = node.args[0]
-    return node.op == "placeholder"
-
-
-# -- step 4: forward rewrite --------------------------------------------------------------------------
-def _rewrite_forward(graph: Graph, fw: fx.GraphModule, n_fwd: int) -> list[tuple[str, Tensor]]:
-    """Replace ``graph``'s body by the partitioned forward; return (saved name, fwd tensor) pairs."""
-    new = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    node_map: dict[fx.Node, fx.Node] = {}
-    placeholders = [n for n in fw.graph.nodes if n.op == "placeholder"]
-    for node, handle in zip(placeholders, graph.inputs):
-        fresh = new.placeholder(handle.node.name)
-        fresh.meta.update(handle.node.meta)
-        env[node] = node_map[handle.node] = fresh
-    copy_fx_body(fw, new, env, graph.constant_data, graph.ir, replaces=graph.fx)
-    _tag_all_gathers(new)
-    outputs = _output_args(fw.graph)
-    for handle, node in zip(graph.outputs, outputs[:n_fwd]):
-        node_map.setdefault(handle.node, env[node])  # an input returned as it is is mapped already
-    graph.replace_body(new, node_map)
-    return [(node.name, _saved_tensor(graph, env[node])) for node in outputs[n_fwd:]]
-
-
-def _tag_all_gathers(fx_graph: fx.Graph) -> None:
-    """Mark traced all-gathers as the collectives they are (the passes and the replica plan
-    find collectives by ``OP``); their arguments keep ``ops.collectives``' order."""
-    for node in fx_graph.nodes:
-        if node.target in (torch.ops.ipuxl.all_gather, torch.ops.ipuxl.all_gather.default):
-            node.meta[OP] = "replicated_all_gather"
-
-
-def _saved_tensor(graph: Graph, node: fx.Node) -> Tensor:
-    """The forward tensor of saved activation ``node``: an input or output, else a new output."""
-    existing = graph.handle(node)
-    if existing is not None:
-        return existing
-    tensor = graph.wrap(node)
-    node.meta.setdefault(NAME, node.name)
-    graph.add_output(tensor)
-    return tensor
-
-
-# -- step 5: grad graph -------------------------------------------------------------------------------
-def _build_grad_graph(graph: Graph, bw: fx.GraphModule, provided: list[Tensor],
-                      saved: list[tuple[str, Tensor]], required: list[Tensor]) -> Graph:
-    grad = graph.ir.new_subgraph(f"{graph.base_name}_grad")
-    placeholders = {n.name: n for n in bw.graph.nodes if n.op == "placeholder"}
-    env: dict[fx.Node, fx.Node] = {}
-    for k, t in enumerate(provided, start=1):
-        handle = grad.add_input(t.spec, f"Gradient___{t.name}")
-        if f"tangents_{k}" in placeholders:
-            env[placeholders[f"tangents_{k}"]] = handle.node
-    for name, t in saved:
-        handle = grad.add_input(t.spec, t.name)
-        env[placeholders[name]] = handle.node
-    copy_fx_body(bw, grad.fx, env, grad.constant_data, graph.ir)
-    outputs = []
-    for node, fwd_input in zip(_output_args(bw.graph), required):
-        out = env[node]
-        if out.op != "placeholder":  # an input passed through keeps its own name
-            out.meta[NAME] = f"Gradient___{fwd_input.name}"
-        outputs.append(grad.wrap(out))
-    grad.set_outputs(outputs)
-    return grad

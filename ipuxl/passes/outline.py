@@ -18,6 +18,10 @@ would otherwise outline by hand:
   differ raise ``OutlineError`` saying where.
 - ``outline_ir(ir)``: ``outline_graph`` over every graph of an IR.
 
+``outline(graph_or_ir)`` and ``merge_identical_graphs(graphs)`` are the same passes
+with the pass contract (``passes.result.PassResult``: the graph, and whether it
+changed); ``outline_graph``/``outline_ir``/``deduplicate`` say what was made.
+
 Inputs a region writes in place (an optimiser update of a weight) are passed by
 reference, so the write still reaches the caller's tensor.
 """
@@ -36,15 +40,17 @@ from ipuxl.errors import OutlineError
 from ipuxl.ir.aliases import storage_owner, writes
 from ipuxl.ir.calls import (CALL_COST, MIN_SAVINGS, CallTarget, RepeatTarget, call_nodes, callee, is_call, is_repeat,
                             repeat_count)
+from ipuxl.ir.copy import copy_node, remap_records
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.meta import (BY_REF, BY_REF_ARGS, CALLED_GRAPH, IN_SEQUENCE, MODIFIES, NAME, OP, OP_ID, OUTLINED,
                            ROLE, SOURCE, VIEW_OF, WRITES, Role)
 from ipuxl.ir.tensor import TensorSpec
+from ipuxl.passes.result import PassResult
 
 if TYPE_CHECKING:
     from ipuxl.ir.ir import Ir
 
-__all__ = ["outline_graph", "outline_ir", "deduplicate", "OutlineSummary"]
+__all__ = ["outline", "merge_identical_graphs", "outline_graph", "outline_ir", "deduplicate", "OutlineSummary"]
 
 _NEVER = ("host_store", "host_load")
 _REFS = (MODIFIES, VIEW_OF)  # alias records naming one node
@@ -298,9 +304,7 @@ def _replace(graph: Graph, regions: list[_Region]) -> Graph:
         t = sub.add_input(TensorSpec(tuple(value.shape), value.dtype), str(name), by_ref=idx in written)
         env[ext] = t.node
     for n in first.nodes:
-        new = sub.fx.node_copy(n, lambda a: env[a])
-        new.meta = _remapped_meta(n.meta, env)
-        env[n] = new
+        env[n] = copy_node(n, sub.fx, env)
     sub.set_outputs([sub.wrap(env[first.nodes[j]]) for j in outputs])
 
     replaced: dict[fx.Node, fx.Node] = {}
@@ -308,17 +312,6 @@ def _replace(graph: Graph, regions: list[_Region]) -> Graph:
         region.externals = [replaced.get(e, e) for e in region.externals]
         replaced.update(_call_in_place(graph, sub, region, outputs, written))
     return sub
-
-
-def _remapped_meta(meta: dict, env: dict[fx.Node, fx.Node]) -> dict:
-    """A copy of an op's meta whose alias records name the nodes ``env`` maps them to."""
-    new = dict(meta)
-    for key in _REFS:
-        if meta.get(key) is not None:
-            new[key] = env[meta[key]]
-    if meta.get(WRITES):
-        new[WRITES] = [env[w] for w in meta[WRITES]]
-    return new
 
 
 def _call_in_place(graph: Graph, sub: Graph, region: _Region, outputs: list[int],
@@ -330,13 +323,8 @@ def _call_in_place(graph: Graph, sub: Graph, region: _Region, outputs: list[int]
     for old, item in replacement.items():
         old.replace_all_uses_with(item, delete_user_cb=lambda user: user not in members)
     for n in graph.fx.nodes:  # alias/write metadata of later ops
-        if n in members:
-            continue
-        for key in _REFS:
-            if n.meta.get(key) in replacement:
-                n.meta[key] = replacement[n.meta[key]]
-        if n.meta.get(WRITES):
-            n.meta[WRITES] = [replacement.get(w, w) for w in n.meta[WRITES]]
+        if n not in members:
+            remap_records(n.meta, lambda w: replacement.get(w, w))
     for n in reversed(region.nodes):
         graph.fx.erase_node(n)
     graph.replace_body(graph.fx, replacement)  # Tensor handles (graph outputs, users' variables) follow
@@ -464,3 +452,29 @@ def outline_ir(ir: "Ir", min_ops: int = 2, graphs: Iterable[Graph] | None = None
 def _op_instances(ir: "Ir") -> int:
     """Ops in compiled code: each graph counted once."""
     return sum(len(_ops(g)) for g in ir.graphs)
+
+
+# -- the pass contract ------------------------------------------------------------------------
+def outline(target: "Graph | Ir", min_ops: int = 2, min_savings: float = MIN_SAVINGS) -> PassResult:
+    """Outline repeated regions of a graph (``outline_graph``) or of every graph of an IR
+    (``outline_ir``), in place.
+
+    Returns:
+        ``PassResult(target, modified)``: modified when some region became calls of a new graph.
+    """
+    if isinstance(target, Graph):
+        return PassResult(target, bool(outline_graph(target, min_ops, min_savings=min_savings)))
+    return PassResult(target, bool(outline_ir(target, min_ops, min_savings=min_savings).graphs))
+
+
+def merge_identical_graphs(graphs: Sequence[Graph]) -> PassResult:
+    """``deduplicate(graphs)``: every call of ``graphs[1:]`` calls ``graphs[0]``.
+
+    Returns:
+        ``PassResult(graphs[0], modified)``: modified when another graph was merged into it.
+
+    Raises:
+        OutlineError: as ``deduplicate``.
+    """
+    kept = deduplicate(graphs)
+    return PassResult(kept, any(g is not kept for g in graphs))

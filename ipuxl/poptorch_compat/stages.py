@@ -15,7 +15,9 @@ program on its IPU, one micro-batch after another (``program._build_pipelined_st
 
 ``StageSplit`` records where each subgraph input comes from and where each original
 output went, so a caller wires the stage calls as it would wire one call of the
-original graph. The original graph is left as it was.
+original graph. The original graph is left as it was. Steps 1 and 2 are the shared
+stage splitter's (``ipuxl.passes.split_stages``); this module says how PopTorch
+stages ops and names the stage graphs.
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ from typing import TYPE_CHECKING, Union
 import torch.fx as fx
 
 from ipuxl.errors import OptionsError
-from ipuxl.ir.meta import BY_REF_ARGS, IPU, MODIFIES, NAME, NEGATED, PIPELINE_STAGE, VIEW_OF, WRITES
+from ipuxl.ir.meta import IPU, NAME, PIPELINE_STAGE
+from ipuxl.passes.split_stages import StageSplitter
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
@@ -74,70 +77,47 @@ def split_by_stage(graph: Graph, name: str) -> StageSplit:
     Raises:
         OptionsError: an op reads a value of a later stage (a pipeline cannot run it).
     """
-    split = StageSplit()
     stages = _stages_of(graph)
-    input_index = {t.node: i for i, t in enumerate(graph.inputs)}
-    env: dict[int, dict[fx.Node, fx.Node]] = {}
-    exported: dict[tuple[fx.Node, int], int] = {}  # (original node, stage) -> output index of that stage
-
-    def stage_graph(stage: int) -> Graph:
-        if stage not in split.graphs:
-            split.graphs[stage] = graph.ir.new_subgraph(f"{name}_stage{stage}")
-            split.inputs[stage], env[stage] = [], {}
-        return split.graphs[stage]
-
-    def export(node: fx.Node) -> FromStage:
-        """``node`` (an op of its stage) as an output of its stage's subgraph."""
-        owner = stages[node]
-        key = (node, owner)
-        if key not in exported:
-            exported[key] = split.graphs[owner].add_output(split.graphs[owner].wrap(env[owner][node]))
-        return FromStage(owner, exported[key])
-
-    def lookup(stage: int, arg: fx.Node) -> fx.Node:
-        local = env[stage]
-        if arg in local:
-            return local[arg]
-        source: Source
-        if arg in input_index:
-            source = FromInput(input_index[arg])
-        elif arg in stages:
-            if stages[arg] > stage:
-                raise OptionsError(
-                    f"pipeline stage {stage} reads '{arg.meta.get(NAME, arg.name)}' of the later stage {stages[arg]}",
-                    fix="order the pipeline's stages as the model runs its blocks, or use ShardedExecution")
-            source = export(arg)
-        else:
-            raise AssertionError(f"{arg.name}: neither an input nor an op of {graph.name}")
-        spec = graph.wrap(arg).spec
-        new = split.graphs[stage].add_input(spec, str(arg.meta.get(NAME, arg.name)))
-        split.inputs[stage].append(source)
-        local[arg] = new.node
-        return new.node
-
+    splitter = _Splitter(graph, stages, name)
+    splitter.split(n for n in graph.fx.nodes if n in stages)
+    split = StageSplit()
     for node in graph.fx.nodes:
-        if node not in stages:
-            continue
-        stage = stages[node]
-        target = stage_graph(stage)
-        copied = target.fx.node_copy(node, lambda a: lookup(stage, a))
-        for key in (MODIFIES, VIEW_OF):
-            if isinstance(node.meta.get(key), fx.Node):
-                copied.meta[key] = lookup(stage, node.meta[key])
-        if WRITES in node.meta:
-            copied.meta[WRITES] = [lookup(stage, n) for n in node.meta[WRITES]]
-        if BY_REF_ARGS in node.meta:
-            copied.meta[BY_REF_ARGS] = set(node.meta[BY_REF_ARGS])
-        copied.meta.pop(NEGATED, None)
-        if node.op == "get_attr":
-            target.constant_data[str(node.target)] = graph.constant_data[str(node.target)]
-        if IPU in node.meta and node.op == "call_function":
-            split.ipus.setdefault(stage, int(node.meta[IPU]))
-        env[stage][node] = copied
-    for out in graph.outputs:
-        split.outputs.append(FromInput(input_index[out.node]) if out.node in input_index else export(out.node))
-    split.graphs = dict(sorted(split.graphs.items()))
+        if node in stages and IPU in node.meta and node.op == "call_function":
+            split.ipus.setdefault(stages[node], int(node.meta[IPU]))
+    split.outputs = [FromInput(splitter.input_index[out.node]) if out.node in splitter.input_index
+                     else FromStage(stages[out.node], splitter.export(out.node)) for out in graph.outputs]
+    splitter.add_outputs()
+    split.inputs = {stage: [splitter.source(node, other) for node, other in inputs]
+                    for stage, inputs in splitter.inputs.items()}
+    split.graphs = dict(sorted(splitter.graphs.items()))
     return split
+
+
+class _Splitter(StageSplitter):
+    """Stage graphs ``{name}_stage{i}``, made as their first op comes; stage inputs are
+    the original graph's inputs or values of earlier stages."""
+
+    def __init__(self, graph: Graph, stages: dict[fx.Node, int], name: str):
+        super().__init__(graph, stages)
+        self.name = name
+        self.input_index = {t.node: i for i, t in enumerate(graph.inputs)}
+
+    def new_graph(self, stage: int) -> Graph:
+        return self.graph.ir.new_subgraph(f"{self.name}_stage{stage}")
+
+    def refuse_later(self, stage: int, node: fx.Node, later: int) -> Exception:
+        return OptionsError(
+            f"pipeline stage {stage} reads '{node.meta.get(NAME, node.name)}' of the later stage {later}",
+            fix="order the pipeline's stages as the model runs its blocks, or use ShardedExecution")
+
+    def add_input(self, graph: Graph, node: fx.Node) -> fx.Node:
+        assert node in self.input_index or node in self.stage_of, \
+            f"{node.name}: neither an input nor an op of {self.graph.name}"
+        return super().add_input(graph, node)
+
+    def source(self, node: fx.Node, stage: int | None) -> Source:
+        """Where the stage input standing for ``node`` (of ``stage``, or an input) comes from."""
+        return FromInput(self.input_index[node]) if stage is None else FromStage(stage, self.exports[stage][node])
 
 
 def _stages_of(graph: Graph) -> dict[fx.Node, int]:

@@ -6,7 +6,8 @@ Ops built under ``with pipelined_execution(steps) as pipeline:`` must each be in
 1. moves the ops of each stage out of the graph into one subgraph per stage
    (``pipeline_stage_<i>``): tensors of other stages become its inputs and the
    outputs of their stage's graph; tensors from outside the pipeline (variables,
-   earlier tensors) become inputs, by reference where the stage writes them;
+   earlier tensors) become inputs, by reference where the stage writes them (the
+   stage splitter both front ends share, ``ipuxl.passes.split_stages``);
 2. calls the stage graphs in the textbook pipeline order over ``steps`` micro-batches
    (``ipuxl.device.pipeline.pipeline_schedule``: ramp-up, steady state, ramp-down),
    each call on its stage's IPU and recorded with its stage
@@ -38,10 +39,10 @@ from ipuxl.ir import context, placement
 from ipuxl.ir.aliases import is_written
 from ipuxl.ir.context import in_sequence
 from ipuxl.ir.graph import Graph
-from ipuxl.ir.meta import BY_REF, BY_REF_ARGS, IPU, MODIFIES, NAME, NEGATED, OP, PIPELINE_STAGE, ROLE, STREAM, \
-    VIEW_OF, WRITES, Role
+from ipuxl.ir.meta import BY_REF, IPU, NAME, OP, PIPELINE_STAGE, ROLE, STREAM, Role
 from ipuxl.ir.tensor import Tensor
 from ipuxl.ops.call import CallSiteInfo, call_with_info
+from ipuxl.passes.split_stages import StageSplitter
 
 if TYPE_CHECKING:
     from ipuxl.ir.grad_info import GradGraphInfo
@@ -153,11 +154,6 @@ class _Pipeline:
 
     def __init__(self, graph: Graph, steps: int, stages: PipelineContext):
         self.graph, self.steps, self.context = graph, steps, stages
-        self.stage_graphs: dict[int, Graph] = {}
-        self.env: dict[int, dict[fx.Node, fx.Node]] = {}
-        self.inputs: dict[int, list[tuple[fx.Node, bool]]] = {}  # (original node, from another stage)
-        self.exports: dict[int, list[fx.Node]] = {}
-        self.moved_slots: list[fx.Node] = []
 
     def apply(self, region: list[fx.Node]) -> None:
         stage_of: dict[fx.Node, int] = {}
@@ -177,69 +173,19 @@ class _Pipeline:
                 "Pipelining requires the steps at least 2x the number of stages in the pipeline. "
                 f"steps={self.steps} stages={len(numbers)}", where=context.user_source_line(),
                 fix=f"use pipelined_execution({2 * len(numbers)}) or more, or fewer stages")
-        for s in numbers:
-            self.stage_graphs[s] = self.graph.ir.create_empty_graph(f"pipeline_stage_{s}")
-            self.env[s], self.inputs[s], self.exports[s] = {}, [], []
-        for node in staged:  # 1. move each op into its stage's graph, in program order
-            self._move(node, stage_of[node])
-        for s, g in self.stage_graphs.items():
-            for original in self.exports[s]:
-                g.add_output(g.wrap(self.env[s][original]))
+        self.split = _Splitter(self.graph, stage_of, numbers)
+        self.split.split(staged)  # 1. move each op into its stage's graph, in program order
+        self.split.add_outputs()
+        for g in self.split.graphs.values():
             for t in g.inputs:  # by reference where the stage writes it (accumulators, optimiser state)
                 t.node.meta[BY_REF] = is_written(g, t.node)
         self._erase(staged)
         self._schedule(numbers)  # 2. call the stages in pipeline order
 
-    # -- 1. moving ops ------------------------------------------------------------------
-    def _move(self, node: fx.Node, stage: int) -> None:
-        g = self.stage_graphs[stage]
-
-        def lookup(arg: fx.Node) -> fx.Node:
-            return self._lookup(stage, arg)
-
-        new = g.fx.node_copy(node, lookup)
-        for key in (MODIFIES, VIEW_OF):
-            if isinstance(node.meta.get(key), fx.Node):
-                new.meta[key] = lookup(node.meta[key])
-        if WRITES in node.meta:
-            new.meta[WRITES] = [lookup(n) for n in node.meta[WRITES]]
-        if BY_REF_ARGS in node.meta:
-            new.meta[BY_REF_ARGS] = set(node.meta[BY_REF_ARGS])
-        new.meta.pop(NEGATED, None)
-        self.env[stage][node] = new
-
-    def _lookup(self, stage: int, arg: fx.Node) -> fx.Node:
-        env = self.env[stage]
-        if arg in env:
-            return env[arg]
-        g = self.stage_graphs[stage]
-        source = self.graph.wrap(arg)
-        if arg.op == "placeholder" and arg.meta.get(ROLE) == Role.D2H:  # a host store's slot moves with it
-            slot = g.add_input(source.spec, str(arg.meta.get(NAME, arg.name)), role=Role.D2H)
-            slot.node.meta[STREAM] = arg.meta[STREAM]
-            self.moved_slots.append(arg)
-            env[arg] = slot.node
-            return slot.node
-        other = self.context._stage_of(arg)
-        if other is not None:
-            if other > stage:
-                raise InvalidValueError(
-                    f"pipeline stage {stage} reads tensor '{source.name}' of the later stage {other}",
-                    where=context.user_source_line(), fix="a stage may only read tensors of its own or earlier stages")
-            if arg not in self.exports[other]:
-                self.exports[other].append(arg)
-        t = g.add_input(source.spec, source.name)
-        lives_on = placement.ipu_of(arg)
-        if lives_on is not None:
-            t.node.meta[IPU] = lives_on
-        self.inputs[stage].append((arg, other is not None))
-        env[arg] = t.node
-        return t.node
-
     def _erase(self, staged: list[fx.Node]) -> None:
         for node in reversed(staged):
             self.graph.fx.erase_node(node)
-        for slot in self.moved_slots:
+        for slot in self.split.moved_slots:
             if not slot.users:
                 self.graph.fx.erase_node(slot)
         self.graph.replace_body(self.graph.fx, {})
@@ -262,15 +208,48 @@ class _Pipeline:
         try:
             with self.graph, in_sequence(True), placement.unchecked():
                 for stage, micro_batch in pipeline_schedule(len(numbers), self.steps).steps():
-                    args = [values[(orig, micro_batch)] if from_stage else self.graph.wrap(orig)
-                            for orig, from_stage in self.inputs[stage]]
+                    args = [values[(orig, micro_batch)] if from_stage is not None else self.graph.wrap(orig)
+                            for orig, from_stage in self.split.inputs[stage]]
                     current[0] = stage
                     with placement.ipu(ipus[stage]):
-                        info = call_with_info(self.stage_graphs[stage], *args)
-                    for original, out in zip(self.exports[stage], info.outputs):
-                        lives_on = placement.ipu_of(self.env[stage][original])  # a copy's destination
+                        info = call_with_info(self.split.graphs[stage], *args)
+                    for original, out in zip(self.split.exports[stage], info.outputs):
+                        lives_on = placement.ipu_of(self.split.copies[stage][original])  # a copy's destination
                         if lives_on is not None:
                             out.node.meta[IPU] = lives_on
                         values[(original, micro_batch)] = out
         finally:
             self.graph.remove_op_created_hook(handle)
+
+
+class _Splitter(StageSplitter):
+    """Stage graphs ``pipeline_stage_<i>``, made up front in stage order; a host store's
+    slot moves with its op; an input keeps the IPU its tensor lives on."""
+
+    def __init__(self, graph: Graph, stage_of: dict[fx.Node, int], numbers: list[int]):
+        super().__init__(graph, stage_of)
+        self.made = {s: graph.ir.create_empty_graph(f"pipeline_stage_{s}") for s in numbers}
+        self.moved_slots: list[fx.Node] = []
+
+    def new_graph(self, stage: int) -> Graph:
+        return self.made[stage]
+
+    def refuse_later(self, stage: int, node: fx.Node, later: int) -> Exception:
+        return InvalidValueError(
+            f"pipeline stage {stage} reads tensor '{self.graph.wrap(node).name}' of the later stage {later}",
+            where=context.user_source_line(), fix="a stage may only read tensors of its own or earlier stages")
+
+    def read_outside(self, graph: Graph, node: fx.Node) -> fx.Node | None:
+        if node.op != "placeholder" or node.meta.get(ROLE) != Role.D2H:
+            return None
+        slot = graph.add_input(self.graph.wrap(node).spec, str(node.meta.get(NAME, node.name)), role=Role.D2H)
+        slot.node.meta[STREAM] = node.meta[STREAM]
+        self.moved_slots.append(node)
+        return slot.node
+
+    def add_input(self, graph: Graph, node: fx.Node) -> fx.Node:
+        new = super().add_input(graph, node)
+        lives_on = placement.ipu_of(node)
+        if lives_on is not None:
+            new.meta[IPU] = lives_on
+        return new

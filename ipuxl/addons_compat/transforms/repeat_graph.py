@@ -8,14 +8,13 @@ ops, so each iteration loads and stores the next slice of its streams.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch.fx as fx
 
 from ipuxl.errors import InvalidArgumentError
 from ipuxl.ir import context
+from ipuxl.ir.copy import copy_node
 from ipuxl.ir.graph import Graph
-from ipuxl.ir.meta import MODIFIES, ROLE, VIEW_OF, WRITES, Role
+from ipuxl.ir.meta import ROLE, Role
 from ipuxl.ir.tensor import Tensor
 from ipuxl.ops.call import repeat
 
@@ -48,7 +47,7 @@ def repeat_graph(graph: Graph, repeat_count: int) -> Graph:
     body = graph.ir.create_empty_graph("repeat_graph")
     outside = _copy_into(graph, body)
     new_fx = fx.Graph()
-    node_map = {node: new_fx.node_copy(node) for node in outside.values()}
+    node_map = {node: copy_node(node, new_fx, {}) for node in outside.values()}  # leaves: nothing to map
     with graph.rebuild(new_fx, node_map), graph:
         repeat(body, repeat_count, inputs_dict={inp: graph.wrap(node_map[node]) for inp, node in outside.items()})
     return body
@@ -71,17 +70,5 @@ def _copy_into(graph: Graph, body: Graph) -> dict[Tensor, fx.Node]:
                 slot.node.meta.setdefault(key, value)
             env[node] = slot.node
         else:
-            env[node] = copied = body.fx.node_copy(node, lambda n: env[n])
-            for key in (MODIFIES, VIEW_OF, WRITES):
-                if key in copied.meta:
-                    copied.meta[key] = _mapped(copied.meta[key], env)
+            env[node] = copy_node(node, body.fx, env)
     return outside
-
-
-def _mapped(value: Any, env: dict[fx.Node, fx.Node]) -> Any:
-    """``value`` (a node or a collection of nodes) with each node replaced by its copy."""
-    if isinstance(value, fx.Node):
-        return env.get(value, value)
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return type(value)(_mapped(v, env) for v in value)
-    return value
