@@ -6,6 +6,10 @@ the resource model reorders it with this pass::
     order = memory_schedule(graph)
     apply_schedule(graph, order)   # lowering now runs ``order``
 
+or, both at once with the pass contract (``passes.result.PassResult``)::
+
+    result = reorder_for_memory(graph)   # result.modified: the order changed
+
 Preconditions: none beyond a well-formed graph; side effects are kept by
 ``passes.inplace_order.side_effect_constraints`` (reads and writes of written
 storage, ``in_sequence`` ops, collectives and host stores keep their program order).
@@ -36,11 +40,13 @@ from ipuxl.errors import PassError
 from ipuxl.ir.aliases import storage_owner
 from ipuxl.passes.inplace_order import side_effect_constraints
 from ipuxl.passes.liveness import live_profile, node_bytes
+from ipuxl.passes.result import PassResult
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
 
-__all__ = ["memory_schedule", "list_schedule", "apply_schedule", "schedule_dependencies", "program_order"]
+__all__ = ["reorder_for_memory", "memory_schedule", "list_schedule", "apply_schedule", "schedule_dependencies",
+           "program_order"]
 
 _LEAVES = ("placeholder", "get_attr", "output")
 
@@ -175,6 +181,15 @@ def _score(live: _Liveness, node: fx.Node, users: dict[fx.Node, list[fx.Node]],
             pending[r] = pending.get(r, 0) + 1
         best = min(best, total)
     return best, first
+
+
+def reorder_for_memory(graph: "Graph", lookahead: int = 4) -> PassResult:
+    """The schedule pass: reorder ``graph``'s ops in place to ``memory_schedule(graph)``.
+
+    Returns:
+        ``PassResult(graph, modified)``: modified when the order changed.
+    """
+    return PassResult(graph, apply_schedule(graph, memory_schedule(graph, lookahead)))
 
 
 def apply_schedule(graph: "Graph", order: Sequence[fx.Node]) -> bool:
