@@ -7,8 +7,8 @@ dtype, layout and sizes) between aten's kernel and a faster computation of the s
 results: the channels-last max-pool kernel on a channels-last copy, or a convolution's
 gradients as GEMMs or as a depthwise convolution.
 
-Preconditions: none beyond a lowered fx graph. Runs last, after dead-code elimination (the
-new targets are pure, ``dead_code`` knows them).
+Preconditions: none beyond a lowered fx graph. The new targets are pure, as the aten ops
+they replace (``dead_code`` counts them so).
 
 Numerics: max pooling is bit for bit aten's (values, indices, NaNs and ties included).
 Convolution gradients computed another way take the same products summed in another order
