@@ -20,6 +20,9 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
+from ipuxl.errors import DtypeError, InvalidArgumentError, UnsupportedError
+from ipuxl.source import user_source_line
+
 __all__ = [
     "dtype", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "half", "float16",
     "bfloat16", "float", "float32", "double", "float64", "complex64", "complex128",
@@ -298,9 +301,6 @@ def _fix_for(dtype: np.dtype | torch.dtype, host_data: builtins.bool) -> str:
 
 
 def _raise(problem: str, subject: str | None, fix: str) -> NoReturn:
-    from ipuxl.errors import InvalidArgumentError
-    from ipuxl.ir.context import user_source_line  # the IR imports this module: bind late
-
     line = user_source_line()
     where = ", ".join(p for p in (line, subject) if p) or None
     head = f"{subject}: " if subject else ""
@@ -309,25 +309,16 @@ def _raise(problem: str, subject: str | None, fix: str) -> NoReturn:
 
 
 def _value_error(problem: str) -> Exception:
-    from ipuxl.errors import DtypeError
-    from ipuxl.ir.context import user_source_line
-
     return DtypeError(problem, where=user_source_line(),
                       fix=f"use one of {', '.join(sorted(_BY_NAME))}, or the matching numpy or torch dtype")
 
 
 def _type_error(problem: str, fix: str) -> Exception:
-    from ipuxl.errors import InvalidArgumentError
-    from ipuxl.ir.context import user_source_line
-
     return InvalidArgumentError(problem, where=user_source_line(), fix=fix)
 
 
 def float8_options_unset(subject: str, log2_scale: object, nan_on_overflow: object) -> None:
     """Refuse PopXL's float8 options (``log2_scale``, ``nan_on_overflow``): ipuxl has no float8."""
-    from ipuxl.errors import UnsupportedError
-    from ipuxl.ir.context import user_source_line
-
     for option, value in (("log2_scale", log2_scale), ("nan_on_overflow", nan_on_overflow)):
         if value is not None:
             raise UnsupportedError(f"{subject}: {option}={value!r} applies to float8 dtypes, which ipuxl does not have",

@@ -1,9 +1,9 @@
 """``Session``: compile an IR once, own its variables, run the main program.
 
-Compilation lowers every graph once to fx-generated Python (``ir.lower``): a graph
-called from many sites is one function, a graph with a single call site is inlined
-into its caller, and a matmul gradient feeding an in-place update becomes one fused
-``addmm_`` (``device.fuse``).
+Compilation lowers every graph once to fx-generated Python (``device.compiler``): a
+graph called from many sites is one function, a graph with a single call site is
+inlined into its caller, and the device's rewrites (``device.rewrites``) fuse updates
+(a matmul gradient feeding an in-place update becomes one ``addmm_``) and choose kernels.
 
 Host transfers are PopXL's: ``run`` runs the main program once, and every execution
 of a ``host_load``/``host_store`` (in the main graph, a called graph or an
@@ -15,8 +15,9 @@ are), so a program that transfers a stream another number of times than
 ``num_host_transfers`` is refused before it runs (PopXL would wrap around).
 
 Weights live twice, as on an IPU: host buffers (numpy) and device storage (torch
-tensors the compiled code updates in place). ``with session:`` attaches, copies
-host -> device on entry and device -> host on exit, as PopXL's Session does.
+tensors the compiled code updates in place; ``device.variables``). ``with session:``
+attaches, copies host -> device on entry and device -> host on exit, as PopXL's
+Session does.
 
 A *step* is one host transfer: step k is the work between the k-th and the
 (k+1)-th slice of the streams (in a device loop, iteration k of the ``ops.repeat``
@@ -35,43 +36,35 @@ changed afterwards is refused with an error, never run half-way.
 from __future__ import annotations
 
 import os
-from collections import Counter
-from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence, cast
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
+from ipuxl.device.compiler import CompiledGraph, Compiler, replica_program
+from ipuxl.device.failures import StepFailure, step_error, transfer_in_progress
+from ipuxl.device.host_memory import keep_freed_memory
+from ipuxl.device.profile import Profile, labelled_programs, profile_runs
+from ipuxl.device.replica_plan import plan_replicas
+from ipuxl.device.replicas import Communicator, ensure_process_group, run_replicas
+from ipuxl.device.report import ProgramReport, program_report
+from ipuxl.device.resources import IpuSpec, check_fits
+from ipuxl.device.variables import DeviceVariables, attr_of, constant_value
 from ipuxl.dtypes import DOWNCAST, dtype_name, to_numpy_dtype
 from ipuxl.errors import (
     DetachedError, DeviceError, InvalidArgumentError, IpuxlError, ReplicaFailureError, ReplicationError,
-    ShapeMismatchError, StreamInputError,
-)
-from ipuxl.ir.context import user_source_line
-from ipuxl.ir.graph import Graph, identifier
-from ipuxl.ir.ir import Ir, VariableRecord
-from ipuxl.device.layout import needs_padding, padded_like, paddable_attrs
-from ipuxl.device.host_memory import keep_freed_memory
-from ipuxl.device.failures import StepFailure, step_error, transfer_in_progress
-from ipuxl.device.replicas import Communicator, ensure_process_group, run_replicas
-from ipuxl.device.dce import eliminate_dead_code
-from ipuxl.device.report import ProgramReport, program_report
-from ipuxl.device.profile import Profile, labelled_programs, profile_runs
-from ipuxl.device.resources import IpuSpec, check_fits
-from ipuxl.device.fuse import (
-    call_random_ops_directly, fuse_adam_steps, fuse_adam_updates, fuse_matmul_updates, fuse_sgd_momentum_steps,
-    select_kernels,
+    StreamInputError,
 )
 from ipuxl.ir.aliases import storage_owner, written_nodes
-from ipuxl.ir.calls import call_nodes, callee_of, does_host_io, reachable_graphs, transfer_counts
-from ipuxl.ir.lower import compiled_callee, lower_to_fx
+from ipuxl.ir.calls import call_nodes, does_host_io, reachable_graphs, transfer_counts
+from ipuxl.ir.context import user_source_line
+from ipuxl.ir.graph import Graph
+from ipuxl.ir.ir import Ir
 from ipuxl.ir.meta import BY_REF_ARGS, ROLE, SOURCE, STREAM, Role
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream, Stream
-from ipuxl.kernels.host_io import stream_cursors
 from ipuxl.ir.tensor import Constant, Tensor, Variable
-from ipuxl.device.replica_plan import plan_replicas
+from ipuxl.kernels.host_io import stream_cursors
 from ipuxl.progress import graph_sizes, pipeline, stage
-from ipuxl.device.streaming_memory import StreamingMemory, initial_value, read_host, write_device
-from ipuxl.ir.remote import RemoteVariable
 
 __all__ = ["Session", "DeviceType", "device_for", "CompiledGraph"]
 
@@ -124,26 +117,22 @@ class Session:
         self._attached = False
         self._enter_stack: list[bool] = []
         self._host_in_sync = True
-        records = ir.variable_records
-        self._records = {r.tensor: r for r in records.values()}
-        self._host = {r.tensor: self._initial_host(r) for r in records.values()}
-        self._memory = StreamingMemory(ir, self._plan, self.device)  # remote buffers (device.streaming_memory)
-        self._replica_vars = [{attr: self._to_device(initial_value(self._plan, r, replica), r.tensor.spec.dtype)
-                               for attr, r in records.items()} for replica in self._plan.local]
-        for tensor, given in (storage or {}).items():  # zero-copy: this replica's storage is the caller's tensor
-            self._replica_vars[0][_attr_of(tensor)] = self._bound_storage(tensor, given)
+        self._variables = DeviceVariables(ir, self._plan, self.device, self._built.created_at, storage)
+        self._records = self._variables.records
+        self._memory = self._variables.memory  # remote buffers (device.streaming_memory)
+        self._replica_vars = self._variables.replicas
         self._device_vars = self._replica_vars[0]
-        self._compiled: dict[Graph, CompiledGraph] = {}
-        self._call_sites = _count_call_sites(ir)
         self._transfers = transfer_counts(ir.main_graph)  # per stream: loads or stores per run
         self._streams: list[Stream] = [s for s in ir.streams if s in self._transfers]  # the cursors' order
         self._io_index = {s: i for i, s in enumerate(self._streams)}
         self._takes_io = does_host_io(ir.main_graph)
+        self._compiler = Compiler(ir, self.device, self._io_index)
+        self._compiled = self._compiler.compiled
         # inside trainingModel's pipeline a stage of it; alone, a compile of its own (bar, INFO log)
         with pipeline("the session's IR", ["compile"], sizes=lambda: graph_sizes(ir.graphs)), stage("compile"):
-            self._program = self._compile(ir.main_graph, self._device_vars)
-            self._pad_matrices(bound={_attr_of(t) for t in storage or {}})
-            self._modules = [self._program] + [self._replica_program(v) for v in self._replica_vars[1:]]
+            self._program = self._compiler.compile(ir.main_graph, self._device_vars)
+            self._compiler.pad_matrices(self._program, self._replica_vars, bound={attr_of(t) for t in storage or {}})
+            self._modules = [self._program] + [replica_program(self._program, v) for v in self._replica_vars[1:]]
         self._forwards = [m.forward for m in self._modules]
         self._h2d = [s for s in self._streams if isinstance(s, HostToDeviceStream)]
         self._d2h = [s for s in self._streams if isinstance(s, DeviceToHostStream)]
@@ -151,56 +140,7 @@ class Session:
         self._progress = [0] * len(self._plan.local)  # steps each local replica completed in the last run
         self._failed_run: IpuxlError | None = None  # the error of this session's last failed run, for __exit__
 
-    # -- compilation ---------------------------------------------------------------
-    def _compile(self, graph: Graph, attrs: dict[str, torch.Tensor] | None = None) -> torch.fx.GraphModule:
-        """Lower ``graph`` (inlining graphs with one call site), drop dead code, fuse updates."""
-        root, code = lower_to_fx(graph, self._compile_callee, attrs, inline=lambda g: self._call_sites[g] == 1,
-                                 io_index=self._io_index)
-        for rewrite in (eliminate_dead_code, fuse_matmul_updates, fuse_sgd_momentum_steps, fuse_adam_steps,
-                        fuse_adam_updates, call_random_ops_directly, select_kernels):
-            rewrite(code)
-        # the Python code is generated once, after the rewrites
-        module = torch.fx.GraphModule(root, code, class_name=identifier(f"ipuxl.{graph.name}"))
-        return module.to(self.device)
-
-    def _pad_matrices(self, bound: set[str]) -> None:
-        """Keep matmul weights whose rows alias in the cache in padded rows (``device.layout``).
-
-        Only variables the session owns (not ``storage=`` ones), used by nothing but
-        matmuls, transposes and in-place updates, and read by no other module attribute.
-        """
-        candidates = {attr for attr, t in self._device_vars.items() if attr not in bound and needs_padding(t)}
-        if not candidates:
-            return
-        modules = [self._program, *(c.module for c in self._compiled.values())]
-        held = [t for m in modules for name, t in m.named_buffers() if not (m is self._program and name in candidates)]
-        candidates = {a for a in candidates if not any(t is self._device_vars[a] for t in held)}
-        for attr in paddable_attrs(self._program, candidates, self._callee_module):
-            for variables in self._replica_vars:
-                variables[attr] = padded_like(variables[attr])
-            setattr(self._program, attr, self._device_vars[attr])
-
-    def _callee_module(self, fn: Any) -> tuple[torch.fx.GraphModule, int] | None:
-        """The compiled module a call in generated code runs, and its loop-carried inputs."""
-        graph = getattr(fn, "ipuxl_graph", None)
-        compiled = self._compiled.get(graph) if graph is not None else None
-        return None if compiled is None else (compiled.module, int(getattr(fn, "ipuxl_carried", 0)))
-
-    def _replica_program(self, variables: dict[str, torch.Tensor]) -> torch.fx.GraphModule:
-        """The main program again, reading and updating another replica's variables."""
-        module = torch.fx.GraphModule(self._program, self._program.graph, class_name=type(self._program).__name__)
-        for attr, tensor in variables.items():
-            if hasattr(module, attr):
-                setattr(module, attr, tensor)
-        return module
-
-    def _compile_callee(self, graph: Graph) -> Callable[..., tuple]:
-        if graph not in self._compiled:
-            module = self._compile(graph)
-            self._compiled[graph] = CompiledGraph(module, compiled_callee(graph, module.forward),
-                                                  does_host_io(graph))
-        return self._compiled[graph].call
-
+    # -- reports, profile, code ---------------------------------------------------------
     @property
     def num_ipus(self) -> int:
         """IPUs the program uses per replica (``popxl.ipu(n)`` placement: 1 + the largest id)."""
@@ -277,9 +217,16 @@ class Session:
         """The compiled main program of each local replica: one code, each its replica's variables."""
         return tuple(self._modules)
 
-    def compiled_graph(self, graph: Graph) -> "CompiledGraph | None":
+    def compiled_graph(self, graph: Graph) -> CompiledGraph | None:
         """The compiled code of a called ``graph``; None when every call of it was inlined."""
         return self._compiled.get(graph)
+
+    @property
+    def applied_rewrites(self) -> dict[Graph, tuple[str, ...]]:
+        """ipuxl only: for each graph compiled to code of its own (the main graph and the
+        called graphs not inlined everywhere), the device rewrites (``ipuxl.device.rewrites``)
+        that changed it, in the order they ran."""
+        return dict(self._compiler.applied)
 
     @property
     def steps_completed(self) -> tuple[int, ...]:
@@ -396,8 +343,7 @@ class Session:
 
         run_replicas(comm, [work(i) for i in range(len(local))])
         if self._plan.distributed:  # values held only in other processes (shards, groups), for host reads
-            self._memory.gather_shards(lambda t: comm.gather_processes(t, 0), {
-                t: [v[_attr_of(t)] for v in self._replica_vars] for t in self._read_elsewhere()})
+            self._variables.gather_elsewhere(lambda t: comm.gather_processes(t, 0))
         return [comm.gather_processes(outputs[s], 1) for s in self._d2h]
 
     def _execute(self, forward: Callable[..., Any], buffers: Sequence[torch.Tensor], index: int) -> None:
@@ -557,71 +503,12 @@ class Session:
         array = tensor.detach().to("cpu", torch.float32 if tensor.dtype == torch.bfloat16 else tensor.dtype).numpy()
         return array.reshape(self._full_shape(stream.shape))
 
-    # -- weights ------------------------------------------------------------------------
-    def _bound_storage(self, tensor: Variable, given: torch.Tensor) -> torch.Tensor:
-        """``given`` as the device storage of ``tensor`` (first local replica), checked."""
-        self._check_own(tensor, (Variable,), "Session(storage=...)")
-        if self._records[tensor].grouping is not None and self._records[tensor].replica_grouping(
-                self.ir.replication_factor).num_groups > 1:
-            raise InvalidArgumentError(f"Session(storage=...): variable '{tensor.name}' has one value per replica group",
-                                       fix="give storage only for variables with one value")
-        if (tuple(given.shape), given.dtype, given.device) != (tensor.shape, tensor.dtype, self.device) \
-                or not given.is_contiguous():
-            raise InvalidArgumentError(
-                f"Session(storage=...): the tensor for variable '{tensor.name}' is {tuple(given.shape)} "
-                f"{dtype_name(given.dtype)} on {given.device}"
-                f"{'' if given.is_contiguous() else ', not contiguous'}; the variable needs a contiguous "
-                f"{tensor.shape} {dtype_name(tensor.dtype)} tensor on {self.device}",
-                fix="give a matching tensor, or leave the variable out of storage (the session then owns a copy)")
-        return given.detach()  # shares storage and version counter; attaching writes the variable's data into it
-
+    # -- weights (device.variables) --------------------------------------------------------
     def bind_storage(self, tensor: Variable, given: torch.Tensor) -> None:
         """ipuxl only: from now on ``given`` is the device storage of ``tensor`` (first local
         replica), as with ``Session(storage=...)``; the variable takes ``given``'s values."""
-        storage = self._bound_storage(tensor, given)
-        attr = _attr_of(tensor)
-        self._device_vars[attr] = storage
+        attr, storage = self._variables.bind(tensor, given)
         setattr(self._program, attr, storage)
-
-    def _to_device(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return torch.from_numpy(np.array(array, copy=True)).to(self.device, dtype)
-
-    def _host_replicas(self, record: VariableRecord) -> list[int] | None:
-        """The replica behind each row of a variable's host buffer (None: the buffer is one value).
-
-        PopXL's rule: "one_per_group" keeps one value per group of the variable's
-        replica grouping (the group's first replica), "all_replicas" one per replica.
-        """
-        replicas = self._built.replicas
-        if record.retrieval_mode == "all_replicas" and replicas > 1:
-            return list(range(replicas))
-        grouping = record.replica_grouping(replicas)
-        return [members[0] for members in grouping.groups] if grouping.num_groups > 1 else None
-
-    def _initial_host(self, record: VariableRecord) -> np.ndarray:
-        rows = self._host_replicas(record)
-        if rows is None:
-            return np.array(record.data, copy=True)
-        return np.stack([self._plan.initial_value(record, r) for r in rows])
-
-    def _read_elsewhere(self) -> list[Variable]:
-        """The on-chip variables whose host value needs replicas of other processes (torchrun):
-        sharded ones, and grouped ones with a group (or, for "all_replicas", a replica) that
-        has no member here. Their values are gathered after each run."""
-        found = []
-        for tensor, record in self._records.items():
-            rows = self._host_replicas(record)
-            if record.shard_over or (rows is not None and any(self._local_member(record, r) is None for r in rows)):
-                found.append(tensor)
-        return found
-
-    def _host_row(self, record: VariableRecord, replica: int) -> int | None:
-        """Which row of the host buffer replica ``replica`` is loaded from."""
-        replicas = self._built.replicas
-        if record.retrieval_mode == "all_replicas" and replicas > 1:
-            return replica
-        grouping = record.replica_grouping(replicas)
-        return grouping.assignment[replica] if grouping.num_groups > 1 else None
 
     def weights_to_host(self) -> None:
         """Copy every variable from the device to its host buffer.
@@ -633,56 +520,13 @@ class Session:
         processes, so a rank may read them alone.
         """
         self._require_attached("weights_to_host")
-        local = self._plan.local
-        for tensor, host in self._host.items():
-            record, attr = self._records[tensor], _attr_of(tensor)
-            if record.shard_over:  # full tensors from the replicas' shards (device.streaming_memory)
-                read_host(record, host, self._built.replicas,
-                          lambda r: self._replica_vars[local.index(r)][attr] if r in local
-                          else self._memory.elsewhere(tensor, r))
-                continue
-            rows = self._host_replicas(record)
-            if rows is None:
-                value = self._device_vars[attr].detach().to("cpu")
-                host[...] = value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
-                continue
-            for row, replica in enumerate(rows):
-                source = self._local_member(record, replica)
-                held = self._replica_vars[local.index(source)][attr] if source is not None \
-                    else self._memory.elsewhere(tensor, replica)
-                if held is not None:
-                    value = held.detach().to("cpu")
-                    host[row] = value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
-        self._memory.to_host()
+        self._variables.to_host()
         self._host_in_sync = True
-
-    def _local_member(self, record: VariableRecord, replica: int) -> int | None:
-        """``replica`` if it runs here, else (one_per_group) a member of its group that does."""
-        local = set(self._plan.local)
-        if replica in local:
-            return replica
-        if record.retrieval_mode == "all_replicas":
-            return None
-        members = record.replica_grouping(self._built.replicas).members(replica)
-        return next((m for m in members if m in local), None)
 
     def weights_from_host(self) -> None:
         """Copy every variable's host buffer to the device (each replica its row)."""
         self._require_attached("weights_from_host")
-        for tensor, host in self._host.items():
-            self._load_replicas(tensor, host)
-        self._memory.from_host()
-
-    def _load_replicas(self, tensor: Variable, host: np.ndarray) -> None:
-        record, attr = self._records[tensor], _attr_of(tensor)
-        for replica, variables in zip(self._plan.local, self._replica_vars):
-            if record.shard_over:  # each replica its shard (device.streaming_memory)
-                write_device(record, host, self._built.replicas, replica, variables[attr])
-                self._memory.forget_gathered(tensor)  # torchrun: other processes' shards are pre-write
-                continue
-            row = self._host_row(record, replica)
-            variables[attr].copy_(torch.from_numpy(host if row is None else host[row]))
-            self._memory.forget_gathered(tensor)  # torchrun: other processes' values are pre-write
+        self._variables.from_host()
 
     def get_tensor_data(self, tensor: Variable | Constant) -> np.ndarray:
         """The host value of a variable (synced from the device first when attached) or constant.
@@ -695,14 +539,10 @@ class Session:
     def get_tensors_data(self, tensors: Any) -> dict[Tensor, np.ndarray]:
         tensors = list(tensors)
         for t in tensors:
-            self._check_own(t, (Variable, Constant), "get_tensors_data")
+            self._variables.check_own(t, (Variable, Constant), "get_tensors_data")
         if self._attached and not self._host_in_sync and any(isinstance(t, Variable) for t in tensors):
             self.weights_to_host()
-        return {t: self._host_of(t) if isinstance(t, Variable) else _constant_value(t) for t in tensors}
-
-    def _host_of(self, tensor: Variable) -> np.ndarray:
-        """The host buffer of an on-chip or remote variable."""
-        return self._memory.host[tensor] if isinstance(tensor, RemoteVariable) else self._host[tensor]
+        return {t: self._variables.host_of(t) if isinstance(t, Variable) else constant_value(t) for t in tensors}
 
     def write_variable_data(self, tensor: Variable, data: Any) -> None:
         """Set a variable's value (host buffer, and the device too when attached)."""
@@ -710,53 +550,10 @@ class Session:
 
     def write_variables_data(self, tensors: Mapping[Variable, Any]) -> None:
         """Set several variables; all entries are checked before any is written."""
-        arrays = {tensor: self._checked_variable_data(tensor, data) for tensor, data in tensors.items()}
+        arrays = {tensor: self._variables.checked_data(tensor, data) for tensor, data in tensors.items()}
         if self._attached and not self._host_in_sync:
             self.weights_to_host()
-        for tensor, array in arrays.items():
-            self._host_of(tensor)[...] = array
-            if self._attached and isinstance(tensor, RemoteVariable):
-                self._memory.from_host([tensor])
-            elif self._attached:
-                self._load_replicas(tensor, self._host[tensor])
-
-    def _checked_variable_data(self, tensor: Variable, data: Any) -> np.ndarray:
-        self._check_own(tensor, (Variable,), "write_variables_data")
-        array = np.asarray(data)
-        expected = to_numpy_dtype(tensor.dtype)
-        if array.dtype != expected and not (array.ndim == 0 and np.isscalar(data)):
-            raise InvalidArgumentError(
-                f"write_variables_data: data for variable '{tensor.name}' has dtype {array.dtype}, "
-                f"the variable is {dtype_name(tensor.dtype)}", fix=f"convert with .astype(np.{expected})")
-        expected_shape = self._host_of(tensor).shape
-        if array.shape != expected_shape:
-            rows = "" if expected_shape == (tensor.meta_shape or tensor.shape) else \
-                f" ({expected_shape[0]} rows: one per {'replica' if tensor.retrieval_mode == 'all_replicas' else 'replica group'})"
-            raise ShapeMismatchError(
-                f"write_variables_data: data for variable '{tensor.name}' has shape {array.shape}, "
-                f"the variable's host data has shape {expected_shape}{rows}", fix="reshape the data to the variable's host shape")
-        return array
-
-    def _check_own(self, tensor: Any, kinds: tuple[type[Tensor], ...], what: str) -> None:
-        if not isinstance(tensor, kinds):
-            raise InvalidArgumentError(
-                f"{what}: {tensor!r} is not a {' or '.join(k.__name__ for k in kinds)}",
-                fix="pass tensors created with ipuxl.variable (or ipuxl.constant)")
-        if tensor.graph.ir is not self.ir:
-            raise InvalidArgumentError(
-                f"{what}: tensor '{tensor.name}' belongs to another Ir than this session's",
-                fix="copy values between IRs with session_a.get_tensors_data + session_b.write_variables_data")
-        if isinstance(tensor, Variable) and tensor not in self._records and tensor not in self._memory.records:
-            raise InvalidArgumentError(
-                f"{what}: variable '{tensor.name}' was added to the IR after this Session was created "
-                f"(at {self._built.created_at}), so the session's compiled program does not have it",
-                where=tensor.node.meta.get(SOURCE) or user_source_line(),
-                fix="create a new Session after changing the IR: a Session compiles the IR once, when it is created")
-
-
-def _count_call_sites(ir: Ir) -> Counter[Graph]:
-    """How many call/repeat nodes of the whole IR call each graph."""
-    return Counter(callee_of(node) for graph in ir.graphs for node in call_nodes(graph))
+        self._variables.write(arrays, attached=self._attached)
 
 
 def _written_streams(ir: Ir) -> set[Stream]:
@@ -769,27 +566,6 @@ def _written_streams(ir: Ir) -> set[Stream]:
             roots.update(storage_owner(node.args[i]) for i in node.meta.get(BY_REF_ARGS, ()))
         found.update(r.meta[STREAM] for r in roots if r.meta.get(ROLE) == Role.H2D and STREAM in r.meta)
     return found
-
-
-def _attr_of(tensor: Variable | Constant) -> str:
-    """The ``get_attr`` target that names a variable's or constant's storage."""
-    return cast(str, tensor.node.target)
-
-
-def _constant_value(tensor: Constant) -> np.ndarray:
-    value = tensor.graph.constant_data[_attr_of(tensor)]
-    return value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
-
-
-class CompiledGraph(NamedTuple):
-    """A called graph as the session compiled it."""
-
-    module: torch.fx.GraphModule
-    """Its generated code."""
-    call: Callable[..., tuple]
-    """The function its call sites in the generated code call."""
-    takes_io: bool = False
-    """Whether it does host IO: its code then takes the run's stream cursors first."""
 
 
 class _Built(NamedTuple):

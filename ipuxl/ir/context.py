@@ -9,13 +9,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import sys
-import types
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
-import torch
-
 from ipuxl.errors import GraphContextError, InvalidArgumentError
+from ipuxl.source import SKIP_PREFIXES, STDLIB_DIR, user_source_line
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
@@ -29,13 +26,6 @@ _graph_stack: list["Graph"] = []
 _sequence_stack: list[bool] = []
 _name_scopes: list[str] = []
 F = TypeVar("F", bound=Callable)
-
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Frames in these files are ipuxl internals or context-manager plumbing, not user code.
-# torch frames appear when ipuxl calls back through torch utilities (pytree maps).
-SKIP_PREFIXES = (_PACKAGE_DIR + os.sep, os.path.abspath(contextlib.__file__),
-                  os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
-STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
 
 
 def gcg() -> "Graph":
@@ -144,17 +134,6 @@ class in_sequence:  # noqa: N801 - PopXL's public name
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
-
-
-def user_source_line() -> str | None:
-    """``file:line in function`` of the innermost frame outside ipuxl, if any."""
-    frame: types.FrameType | None = sys._getframe(1)
-    while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith(SKIP_PREFIXES):
-            return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-        frame = frame.f_back
-    return None
 
 
 def traceback_source_line(tb: Any) -> str | None:

@@ -1,4 +1,5 @@
-"""The ``print_tensor`` kernels: print a tensor (and optionally its gradient) at run time.
+"""Kernels of ``ipuxl.ops.debug``: ``init`` makes a tensor, ``print_tensor`` prints a
+tensor (and optionally its gradient) at run time.
 
 The print is a torch custom op (``ipuxl::print_tensor``), so tracing (autodiff's
 ``make_fx``) records it as one node instead of printing fake tensors while tracing.
@@ -11,7 +12,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["print_tensor", "format_tensor"]
+__all__ = ["init", "print_tensor", "format_tensor"]
+
+
+def init(shape: list[int], dtype: torch.dtype, zero: bool) -> torch.Tensor:
+    """A new tensor of ``shape``: zeros when ``zero``, else uninitialised."""
+    return torch.zeros(shape, dtype=dtype) if zero else torch.empty(shape, dtype=dtype)
 
 
 def format_tensor(title: str, t: torch.Tensor) -> str:

@@ -1,7 +1,7 @@
 """Kernels of the variable updates (``ipuxl.ops.var_updates``) and the device's fused Adam steps.
 
 Each function is the target of one fx node: the ops emit the plain kernels, and the
-device's compile-time fusion (``ipuxl.device.fuse``) matches them and puts the fused
+device's compile-time rewrites (``ipuxl.device.rewrites``) match them and put the fused
 ones (``adam_update_``, ``fused_adam_step_``) in their place. Functions ending in
 ``_`` write into their first argument and return it. A factor ``f`` is a Python
 number (baked into the program) or a scalar tensor (changeable at run time); ``x`` is

@@ -5,28 +5,24 @@ PopXL's ``(begin_0, begin_1, ..., end_0, end_1, ...)``; asymmetric padding pads 
 input explicitly. ``pad_type`` / ``auto_pad`` is ONNX's ``auto_pad``: ``same_upper``
 and ``same_lower`` pad so that ``out = ceil(in / stride)``, ``valid`` pads nothing.
 IPU-only tuning arguments (``available_memory_proportions``, ``partials_types``,
-``enable_conv_dithering``) are accepted and ignored.
+``enable_conv_dithering``) are accepted and ignored. The kernels the ops record are in
+``ipuxl.kernels.conv`` and ``ipuxl.kernels.pool``.
 """
 from __future__ import annotations
 
 import math
 from typing import Any, Literal, Sequence
 
-import torch
-import torch.nn.functional as F
-
 from ipuxl.errors import ShapeMismatchError, UnsupportedError
 from ipuxl.ir.build import emit
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.tensor import Tensor
+from ipuxl.kernels import conv as conv_kernels
+from ipuxl.kernels import pool as pool_kernels
 
 __all__ = ["conv", "conv_transpose", "max_pool", "average_pool", "PadType"]
 
 PadType = Literal["not_set", "same_upper", "same_lower", "valid"]
-_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
-_CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
-_MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
-_AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 
 
 def _per_axis(op_name: str, what: str, value: Sequence[int] | None, n: int, default: int,
@@ -73,24 +69,6 @@ def _spatial_rank(op_name: str, t: Tensor, n: int) -> int:
     return n
 
 
-def _split_pads(pads: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
-    """Symmetric pads as torch's per-axis padding, else (zeros, F.pad's list: last axis first)."""
-    n = len(pads) // 2
-    begin, end = pads[:n], pads[n:]
-    if begin == end:
-        return begin, None
-    explicit = [p for axis in reversed(range(n)) for p in (begin[axis], end[axis])]
-    return (0,) * n, tuple(explicit)
-
-
-def _conv(x: torch.Tensor, w: torch.Tensor, stride: tuple[int, ...], pads: tuple[int, ...],
-          dilation: tuple[int, ...], groups: int) -> torch.Tensor:
-    padding, explicit = _split_pads(pads)
-    if explicit is not None:
-        x = F.pad(x, explicit)
-    return _CONV[w.dim() - 2](x, w, None, stride, padding, dilation, groups)
-
-
 def conv(t: Tensor, weight: Tensor, stride: Sequence[int] | None = (1, 1),
          padding: Sequence[int] | None = (0, 0, 0, 0), dilation: Sequence[int] | None = (1, 1),
          groups: int | None = 1, pad_type: PadType | None = "not_set",
@@ -102,16 +80,7 @@ def conv(t: Tensor, weight: Tensor, stride: Sequence[int] | None = (1, 1),
     dilations = _per_axis("conv", "dilation", dilation, n, 1)
     pads = _per_axis("conv", "padding", padding, n, 0, 2 * n)
     pads = _auto_pads("conv", pad_type or "not_set", pads, t.shape[2:], weight.shape[2:], strides, dilations)
-    return emit("conv", _conv, (t, weight, strides, pads, dilations, int(groups or 1)))
-
-
-def _conv_transpose(x: torch.Tensor, w: torch.Tensor, stride: tuple[int, ...], pads: tuple[int, ...],
-                    output_padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> torch.Tensor:
-    n = w.dim() - 2
-    out = _CONV_T[n](x, w, None, stride, 0, output_padding, groups, dilation)
-    index = [slice(None), slice(None)] + [slice(b, out.shape[2 + i] - e) for i, (b, e) in
-                                          enumerate(zip(pads[:n], pads[n:]))]
-    return out[tuple(index)].contiguous()
+    return emit("conv", conv_kernels.conv, (t, weight, strides, pads, dilations, int(groups or 1)))
 
 
 def conv_transpose(t: Tensor, weight: Tensor, stride: Sequence[int] | None = (1, 1),
@@ -155,7 +124,7 @@ def conv_transpose(t: Tensor, weight: Tensor, stride: Sequence[int] | None = (1,
         pads = tuple(small + large) if mode == "same_upper" else tuple(large + small)
     elif mode != "not_set":
         raise _bad_pad_type("conv_transpose", mode)
-    return emit("conv_transpose", _conv_transpose, (t, weight, strides, pads, out_pad, dilations, int(groups or 1)))
+    return emit("conv_transpose", conv_kernels.conv_transpose, (t, weight, strides, pads, out_pad, dilations, int(groups or 1)))
 
 
 # -- pooling ----------------------------------------------------------------------------------------------------
@@ -176,27 +145,6 @@ def _pool_args(op_name: str, t: Tensor, kernel_size: Sequence[int], stride: Sequ
     return kernel, strides, pads, dilations
 
 
-def _max_pool(x: torch.Tensor, kernel: tuple[int, ...], stride: tuple[int, ...], pads: tuple[int, ...],
-              dilation: tuple[int, ...], ceil_mode: bool) -> torch.Tensor:
-    padding, explicit = _split_pads(pads)
-    if explicit is not None:
-        x = F.pad(x, explicit, value=-math.inf)
-    return _MAX_POOL[len(kernel)](x, kernel, stride, padding, dilation, ceil_mode)
-
-
-def _avg_pool(x: torch.Tensor, kernel: tuple[int, ...], stride: tuple[int, ...], pads: tuple[int, ...],
-              ceil_mode: bool) -> torch.Tensor:
-    """Average over the window's elements inside the input (padding is not counted)."""
-    padding, explicit = _split_pads(pads)
-    pool = _AVG_POOL[len(kernel)]
-    if explicit is None:
-        return pool(x, kernel, stride, padding, ceil_mode, False)
-    ones = torch.ones((1, 1, *x.shape[2:]), dtype=x.dtype, device=x.device)
-    total = pool(F.pad(x, explicit), kernel, stride, 0, ceil_mode, True)
-    count = pool(F.pad(ones, explicit), kernel, stride, 0, ceil_mode, True)
-    return total / count
-
-
 def max_pool(t: Tensor, kernel_size: Sequence[int], stride: Sequence[int] | None = None,
              padding: Sequence[int] | None = None, out_pads: Sequence[int] | None = None,
              dilation: Sequence[int] | None = None, in_dilations: Sequence[int] | None = None,
@@ -206,7 +154,7 @@ def max_pool(t: Tensor, kernel_size: Sequence[int], stride: Sequence[int] | None
     to 1 per axis (as in PopXL, not to the kernel size); padding never wins the max."""
     kernel, strides, pads, dilations = _pool_args("max_pool", t, kernel_size, stride, padding, out_pads, dilation,
                                                   in_dilations, auto_pad)
-    return emit("max_pool", _max_pool, (t, kernel, strides, pads, dilations, bool(ceil_mode)))
+    return emit("max_pool", pool_kernels.max_pool, (t, kernel, strides, pads, dilations, bool(ceil_mode)))
 
 
 def average_pool(t: Tensor, kernel_size: Sequence[int], stride: Sequence[int] | None = None,
@@ -220,4 +168,4 @@ def average_pool(t: Tensor, kernel_size: Sequence[int], stride: Sequence[int] | 
     if any(d != 1 for d in dilations):
         raise UnsupportedError("op 'average_pool': dilation other than 1 is not supported",
                                    where=user_source_line(), fix="use dilation=None")
-    return emit("average_pool", _avg_pool, (t, kernel, strides, pads, bool(ceil_mode)))
+    return emit("average_pool", pool_kernels.average_pool, (t, kernel, strides, pads, bool(ceil_mode)))

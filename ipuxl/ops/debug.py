@@ -15,10 +15,6 @@ from ipuxl.kernels import debug as kernels
 __all__ = ["init", "print_tensor"]
 
 
-def _init(shape: list[int], dtype: torch.dtype, zero: bool) -> torch.Tensor:
-    return torch.zeros(shape, dtype=dtype) if zero else torch.empty(shape, dtype=dtype)
-
-
 def init(shape: Iterable[int], dtype: Any, name: str | None = None,
          init_type: Literal["zero", "undef"] = "zero") -> Tensor:
     """A new tensor of zeros (``"zero"``) or of undefined values (``"undef"``), in any graph.
@@ -29,7 +25,7 @@ def init(shape: Iterable[int], dtype: Any, name: str | None = None,
         raise InvalidValueError(f"op 'init': unknown init_type {init_type!r}", where=user_source_line(),
                                 fix="use 'zero' or 'undef'")
     dims, torch_dtype = [int(d) for d in shape], from_any(dtype)
-    return emit("init", _init, (dims, torch_dtype, init_type == "zero"), name=name,
+    return emit("init", kernels.init, (dims, torch_dtype, init_type == "zero"), name=name,
                 meta_fn=lambda *_: torch.empty(dims, dtype=torch_dtype, device="meta"))
 
 

@@ -10,6 +10,7 @@ from ipuxl.errors import InvalidValueError
 from ipuxl.ir.build import check_same_shape, emit
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.tensor import Tensor
+from ipuxl.kernels import elementwise as kernels
 from ipuxl.kernels import unsigned
 
 __all__ = [
@@ -135,34 +136,11 @@ def _unary_(op_name: str, kernel: Any):
     return op
 
 
-# The activation reads a copy of ``t``: autograd saves its input, which copy_ then overwrites.
-def _gelu_kernel_(t: torch.Tensor) -> torch.Tensor:
-    return t.copy_(F.gelu(t.clone(), approximate="tanh"))
-
-
-def _geluerf_kernel_(t: torch.Tensor) -> torch.Tensor:
-    return t.copy_(F.gelu(t.clone()))
-
-
-def _swish_kernel_(t: torch.Tensor) -> torch.Tensor:
-    return t.copy_(F.silu(t.clone()))
-
-
 exp_ = _unary_("exp_", torch.Tensor.exp_)
 relu_ = _unary_("relu_", torch.Tensor.relu_)
-gelu_ = _unary_("gelu_", _gelu_kernel_)
-geluerf_ = _unary_("geluerf_", _geluerf_kernel_)
-swish_ = _unary_("swish_", _swish_kernel_)
-
-
-def _increment_mod(t: torch.Tensor, increment: float, modulus: float) -> torch.Tensor:
-    if unsigned.is_widened(t.dtype):
-        return unsigned.fmod(unsigned.add(t, increment), modulus)
-    return torch.fmod(t + increment, modulus).to(t.dtype)
-
-
-def _increment_mod_kernel_(t: torch.Tensor, increment: float, modulus: float) -> torch.Tensor:
-    return t.copy_(_increment_mod(t, increment, modulus))
+gelu_ = _unary_("gelu_", kernels.gelu_)
+geluerf_ = _unary_("geluerf_", kernels.geluerf_)
+swish_ = _unary_("swish_", kernels.swish_)
 
 
 def _check_modulus(op_name: str, modulus: float) -> None:
@@ -175,13 +153,13 @@ def increment_mod(t: Tensor, increment: float, modulus: float) -> Tensor:
     """``(t + increment) % modulus`` (C ``fmod``: the result has the sign of ``t + increment``),
     in ``t``'s dtype. A wrap-around counter: ``increment_mod(step, 1, n)``."""
     _check_modulus("increment_mod", modulus)
-    return emit("increment_mod", _increment_mod, (t, increment, modulus))
+    return emit("increment_mod", kernels.increment_mod, (t, increment, modulus))
 
 
 def increment_mod_(t: Tensor, increment: float, modulus: float) -> Tensor:
     """In-place ``increment_mod``: writes into ``t`` and returns it."""
     _check_modulus("increment_mod_", modulus)
-    return emit("increment_mod_", _increment_mod_kernel_, (t, increment, modulus), modifies=t)
+    return emit("increment_mod_", kernels.increment_mod_, (t, increment, modulus), modifies=t)
 
 
 def gelu(t: Tensor) -> Tensor:
@@ -231,25 +209,9 @@ def clip(t: Tensor, min: float | None = float("-inf"), max: float | None = float
 clamp = clip
 
 
-def _scaled_add(x: torch.Tensor, y: torch.Tensor, a: Any, b: Any) -> torch.Tensor:
-    return x * a + y * b
-
-
-def _scaled_add_(x: torch.Tensor, y: torch.Tensor, a: Any, b: Any) -> torch.Tensor:
-    """The kernel of ``scaled_add_`` with ``a != 1`` (``device.fuse`` matches it: ``SCALED_ADD_KERNEL``)."""
-    if not (isinstance(a, (int, float)) and a == 1):
-        x.mul_(a)
-    if isinstance(b, (int, float)):
-        return x.add_(y, alpha=b)
-    return x.addcmul_(y, b)  # one pass, rounded as x.add_(y, alpha=b) would be
-
-
-SCALED_ADD_KERNEL = _scaled_add_
-
-
 def scaled_add(X: Tensor, Y: Tensor, a: float | Tensor = 1.0, b: float | Tensor = 1.0) -> Tensor:  # noqa: N803
     """``a * X + b * Y`` (``a``, ``b``: Python numbers or scalar tensors)."""
-    return emit("scaled_add", _scaled_add, (X, Y, a, b))
+    return emit("scaled_add", kernels.scaled_add, (X, Y, a, b))
 
 
 def scaled_add_(X: Tensor, Y: Tensor, a: float | Tensor = 1.0, b: float | Tensor = 1.0) -> Tensor:  # noqa: N803
@@ -264,4 +226,4 @@ def scaled_add_(X: Tensor, Y: Tensor, a: float | Tensor = 1.0, b: float | Tensor
         return emit("scaled_add_", torch.Tensor.add_, (X, Y), {"alpha": b}, modifies=X)
     if isinstance(a, (int, float)) and a == 1:
         return emit("scaled_add_", torch.Tensor.addcmul_, (X, Y, b), modifies=X)
-    return emit("scaled_add_", _scaled_add_, (X, Y, a, b), modifies=X)
+    return emit("scaled_add_", kernels.scaled_add_, (X, Y, a, b), modifies=X)

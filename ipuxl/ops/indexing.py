@@ -1,20 +1,20 @@
 """Indexing ops with runtime indices: dynamic slices and updates, scatters, top-k, histogram.
 
 PopXL names and semantics (ONNX where PopXL follows it). Indices are tensors read on
-the device, so every kernel is plain tensor indexing (no host round trip, no Python
-per element) and traces into the joint graph autodiff differentiates.
+the device, so every kernel (``ipuxl.kernels.indexing``) is plain tensor indexing (no
+host round trip, no Python per element) and traces into the joint graph autodiff
+differentiates.
 """
 from __future__ import annotations
 
 import builtins
-from typing import Iterable, Literal, Sequence
-
-import torch
+from typing import Iterable, Literal
 
 from ipuxl.errors import ShapeMismatchError
 from ipuxl.ir.build import emit
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.tensor import Tensor
+from ipuxl.kernels import indexing as kernels
 from ipuxl.ops.shape import gather
 
 __all__ = ["dynamic_slice", "dynamic_update", "dynamic_update_", "scatter", "scatter_reduce", "topk",
@@ -43,35 +43,6 @@ def _check_dynamic(op_name: str, t: Tensor, index: Tensor, axes: Iterable[int],
     return axes_l, sizes_l
 
 
-def _grids(index: torch.Tensor, shape: Sequence[int], axes: list[int], sizes: list[int]) -> tuple[torch.Tensor, ...]:
-    """Broadcastable index tensors of the slice ``[index[i], index[i] + sizes[i])`` on ``axes``,
-    each start clamped so that the slice fits in the axis."""
-    starts = index.reshape(-1).long()
-    grids = []
-    for i, (axis, size) in enumerate(zip(axes, sizes)):
-        start = starts[i].clamp(0, shape[axis] - size)
-        view = [1] * len(axes)
-        view[i] = size
-        grids.append((start + torch.arange(size, device=index.device)).reshape(view))
-    return tuple(grids)
-
-
-def _dynamic_slice(t: torch.Tensor, index: torch.Tensor, axes: list[int], sizes: list[int]) -> torch.Tensor:
-    front = list(range(len(axes)))
-    return t.movedim(axes, front)[_grids(index, t.shape, axes, sizes)].movedim(front, axes)
-
-
-def _dynamic_update(t: torch.Tensor, index: torch.Tensor, update: torch.Tensor, axes: list[int], sizes: list[int],
-                    in_place: bool) -> torch.Tensor:
-    front = list(range(len(axes)))
-    grids = _grids(index, t.shape, axes, sizes)
-    values = update.to(t.dtype).movedim(axes, front)
-    if in_place:
-        t.movedim(axes, front).index_put_(grids, values)
-        return t
-    return t.movedim(axes, front).index_put(grids, values).movedim(front, axes)
-
-
 def dynamic_slice(t: Tensor, index: Tensor, axes: list[int], sizes: list[int], no_overlap: bool) -> Tensor:
     """A copy of ``t[index[0]:index[0]+sizes[0], ...]`` on ``axes``, ``index`` read at run time.
 
@@ -79,7 +50,7 @@ def dynamic_slice(t: Tensor, index: Tensor, axes: list[int], sizes: list[int], n
     (PopXL leaves that case undefined). ``no_overlap`` is accepted (a gradient hint).
     """
     axes_l, sizes_l = _check_dynamic("dynamic_slice", t, index, axes, sizes)
-    return emit("dynamic_slice", _dynamic_slice, (t, index, axes_l, sizes_l))
+    return emit("dynamic_slice", kernels.dynamic_slice, (t, index, axes_l, sizes_l))
 
 
 def _check_update(op_name: str, t: Tensor, t_update: Tensor, axes: list[int], sizes: list[int]) -> None:
@@ -95,7 +66,7 @@ def dynamic_update(t: Tensor, index: Tensor, t_update: Tensor, axes: Iterable[in
     """A copy of ``t`` whose slice at ``index`` (as in ``dynamic_slice``) is ``t_update``."""
     axes_l, sizes_l = _check_dynamic("dynamic_update", t, index, axes, sizes)
     _check_update("dynamic_update", t, t_update, axes_l, sizes_l)
-    return emit("dynamic_update", _dynamic_update, (t, index, t_update, axes_l, sizes_l, False))
+    return emit("dynamic_update", kernels.dynamic_update, (t, index, t_update, axes_l, sizes_l, False))
 
 
 def dynamic_update_(t: Tensor, index: Tensor, t_update: Tensor, axes: Iterable[int], sizes: Iterable[int],
@@ -103,16 +74,10 @@ def dynamic_update_(t: Tensor, index: Tensor, t_update: Tensor, axes: Iterable[i
     """In-place ``dynamic_update``: writes the slice of ``t`` and returns ``t``."""
     axes_l, sizes_l = _check_dynamic("dynamic_update_", t, index, axes, sizes)
     _check_update("dynamic_update_", t, t_update, axes_l, sizes_l)
-    return emit("dynamic_update_", _dynamic_update, (t, index, t_update, axes_l, sizes_l, True), modifies=t)
+    return emit("dynamic_update_", kernels.dynamic_update, (t, index, t_update, axes_l, sizes_l, True), modifies=t)
 
 
 # -- scatter --------------------------------------------------------------------------------------
-def _scatter(t: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, axis: int) -> torch.Tensor:
-    index = indices.long()
-    index = torch.where(index < 0, index + t.shape[axis], index)
-    return torch.scatter(t, axis, index, values.to(t.dtype))
-
-
 def scatter(t: Tensor, indices: Tensor, values: Tensor, axis: int = 0,
             available_memory_proportion: float | None = None) -> Tensor:
     """ONNX Scatter(Elements): a copy of ``t`` with ``out[..., indices[i, j], ...] = values[i, j]``
@@ -122,25 +87,7 @@ def scatter(t: Tensor, indices: Tensor, values: Tensor, axis: int = 0,
         raise ShapeMismatchError(f"op 'scatter': indices {indices.shape} and values {values.shape} must have one "
                                  f"shape of the rank of '{t.name}' {t.shape}", where=user_source_line(),
                                  fix="reshape indices and values to t's rank")
-    return emit("scatter", _scatter, (t, indices, values, axis % builtins.max(t.rank, 1)))
-
-
-_REDUCE = {"sum": "sum", "min": "amin", "max": "amax"}
-
-
-def _scatter_reduce(data: torch.Tensor, indices: torch.Tensor, initial: torch.Tensor | None, reduction: str,
-                    axis: int, axis_size: int) -> torch.Tensor:
-    index = indices.long()
-    if index.dim() == 1 and data.dim() > 1:  # one index per slice along axis
-        index = index.reshape([-1 if d == axis else 1 for d in range(data.dim())])
-    index = index.expand(data.shape)
-    shape = list(data.shape)
-    shape[axis] = axis_size
-    base = initial.to(data.dtype) if initial is not None else torch.zeros(shape, dtype=data.dtype,
-                                                                          device=data.device)
-    if reduction == "none":
-        return torch.scatter(base, axis, index, data)
-    return base.scatter_reduce(axis, index, data, _REDUCE[reduction], include_self=initial is not None)
+    return emit("scatter", kernels.scatter, (t, indices, values, axis % builtins.max(t.rank, 1)))
 
 
 def scatter_reduce(data: Tensor, indices: Tensor, reduction: ScatterReductionType,
@@ -162,22 +109,17 @@ def scatter_reduce(data: Tensor, indices: Tensor, reduction: ScatterReductionTyp
                                  f"got {reduction!r}", where=user_source_line(), fix="pick one of those")
     axis = axis % builtins.max(data.rank, 1)
     size = int(axis_size) if axis_size is not None else initial_values.shape[axis]  # type: ignore[union-attr]
-    return emit("scatter_reduce", _scatter_reduce, (data, indices, initial_values, reduction, axis, size))
+    return emit("scatter_reduce", kernels.scatter_reduce, (data, indices, initial_values, reduction, axis, size))
 
 
 # -- top-k, tied gather, histogram ----------------------------------------------------------------
-def _topk(t: torch.Tensor, k: int, axis: int, largest: bool, sort: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    values, indices = torch.topk(t, k, axis, largest, sort)
-    return values, indices.to(torch.int32)
-
-
 def topk(t: Tensor, k: int, axis: int, largest: bool, sorted: bool) -> tuple[Tensor, Tensor]:  # noqa: A002
     """The ``k`` largest (or smallest) elements along ``axis`` and their int32 indices
     (ONNX TopK); ``sorted`` orders them largest-first (smallest-first)."""
     if not -t.rank <= axis < builtins.max(t.rank, 1) or not 0 < k <= (t.shape[axis] if t.rank else 1):
         raise ShapeMismatchError(f"op 'topk' of '{t.name}' {t.shape}: k={k} on axis {axis} is out of range",
                                  where=user_source_line(), fix="give 0 < k <= the axis length")
-    values, indices = emit("topk", _topk, (t, int(k), axis, bool(largest), bool(sorted)), num_outputs=2)
+    values, indices = emit("topk", kernels.topk, (t, int(k), axis, bool(largest), bool(sorted)), num_outputs=2)
     return values, indices
 
 
@@ -186,14 +128,6 @@ def tied_gather(t: Tensor, indices: Tensor, axis: int = 0, available_memory_prop
     """``gather`` (``numpy.take``); on the IPU its tile layout follows a tied ``matmul``.
     Numerically identical to ``gather``, gradient included."""
     return gather(t, indices, axis, available_memory_proportion, zero_OOR)
-
-
-def _histogram(t: torch.Tensor, levels: list[float], absolute: bool) -> torch.Tensor:
-    x = t.abs() if absolute else t
-    edges = torch.tensor(levels, dtype=x.dtype, device=x.device)
-    bins = torch.bucketize(x.reshape(-1), edges, right=True)
-    counts = torch.zeros(len(levels) + 1, dtype=torch.int64, device=x.device)
-    return counts.scatter_add_(0, bins, torch.ones_like(bins)).to(torch.uint32)
 
 
 def histogram(t: Tensor, levels: list[float], absolute_of_input: bool) -> Tensor:
@@ -207,4 +141,4 @@ def histogram(t: Tensor, levels: list[float], absolute_of_input: bool) -> Tensor
     if any(a >= b for a, b in zip(levels, levels[1:])) or not levels:
         raise ShapeMismatchError(f"op 'histogram': the levels {levels} are not a monotonically increasing list",
                                  where=user_source_line(), fix="sort the bin edges and drop duplicates")
-    return emit("histogram", _histogram, (t, levels, bool(absolute_of_input)))
+    return emit("histogram", kernels.histogram, (t, levels, bool(absolute_of_input)))

@@ -1,7 +1,7 @@
 """Moving tensors between IPUs: ``ipu_copy`` (PopXL's) and ``io_tile_copy``.
 
 A copy is one op whose result lives on the destination IPU (``ipuxl.ir.placement``).
-Its node calls ``ipu_copy_kernel(t, source, destination)``, so the device's
+Its node calls ``kernels.ipu_copy.ipu_copy(t, source, destination)``, so the device's
 accounting reads both IPUs from the node's arguments (cross-IPU copy bytes in
 ``session.report()``). On the simulated device a copy is a clone: values are
 unchanged, and autodiff differentiates it as the identity.
@@ -16,14 +16,9 @@ from ipuxl.ir.build import emit
 from ipuxl.ir.graph import describe
 from ipuxl.ir.meta import IPU
 from ipuxl.ir.tensor import Tensor
+from ipuxl.kernels import ipu_copy as kernels
 
-__all__ = ["ipu_copy", "io_tile_copy", "ipu_copy_kernel"]
-
-
-def ipu_copy_kernel(t: torch.Tensor, source: int, destination: int) -> torch.Tensor:
-    """The copy's runtime: a new tensor with ``t``'s values (``source``/``destination``
-    are placement records for the accounting)."""
-    return t.clone()
+__all__ = ["ipu_copy", "io_tile_copy"]
 
 
 def _check_ipu(value: object, what: str) -> int:
@@ -71,7 +66,7 @@ def ipu_copy(t: Tensor, destination: int, source: int | None = None) -> Tensor:
             f"ipu_copy of '{t.name}' from IPU {source}, but the tensor lives on IPU {lives_on}",
             where=context.user_source_line(), fix=f"pass source={lives_on} (or leave it out to infer it)")
     with placement.unchecked():
-        copied = emit("ipu_copy", ipu_copy_kernel, (t, source, destination), name=f"{t.name}_c")
+        copied = emit("ipu_copy", kernels.ipu_copy, (t, source, destination), name=f"{t.name}_c")
     copied.node.meta[IPU] = destination
     return copied
 

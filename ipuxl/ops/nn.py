@@ -11,6 +11,7 @@ from ipuxl.ir.build import emit
 from ipuxl.errors import InvalidArgumentError, ShapeMismatchError
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.tensor import Tensor
+from ipuxl.kernels import nn as kernels
 from ipuxl.ops.conv import average_pool, conv, max_pool
 from ipuxl.ops.shape import cast
 
@@ -47,52 +48,11 @@ def _check_reduction(reduction: str) -> None:
                                    fix="choose from 'mean', 'sum', 'none'")
 
 
-def _nll(probs: torch.Tensor, labels: torch.Tensor, ignore_index: int | None,
-         reduction: str, log_prob: bool) -> torch.Tensor:
-    classes = probs.shape[-1]
-    flat_p = probs.reshape(-1, classes)
-    flat_l = labels.reshape(-1).long()
-    valid = flat_l != ignore_index if ignore_index is not None else None
-    safe = torch.where(valid, flat_l, 0) if valid is not None else flat_l
-    picked = flat_p.gather(1, safe.unsqueeze(1)).squeeze(1)
-    eps = 6.104e-5 if probs.dtype == torch.float16 else 1e-7
-    loss = -picked if log_prob else -torch.log(torch.clamp(picked, min=eps))
-    if valid is not None:
-        loss = torch.where(valid, loss, 0.0)  # not loss * valid: an ignored -inf log-prob would give nan
-    if reduction == "none":
-        return loss.reshape(labels.shape)
-    if reduction == "sum":
-        return loss.sum()
-    count = valid.sum() if valid is not None else flat_l.numel()
-    return loss.sum() / count
-
-
 def nll_loss(probs: Tensor, labels: Tensor, ignore_index: int | None = None,
              reduction: Reduction = "mean", log_prob: bool = False) -> Tensor:
     """Negative log-likelihood of ``labels`` under ``probs`` (``-log(max(p, 1e-7))``)."""
     _check_reduction(reduction)
-    return emit("nll_loss", _nll, (probs, labels, ignore_index, reduction, log_prob), name="loss")
-
-
-def _nll_softmax_grad(probs: torch.Tensor, labels: torch.Tensor, loss_grad: torch.Tensor | float,
-                      ignore_index: int | None, reduction: str) -> tuple[torch.Tensor, torch.Tensor]:
-    loss = _nll(probs, labels, ignore_index, reduction, False)
-    classes = probs.shape[-1]
-    flat_p = probs.reshape(-1, classes)
-    index = labels.reshape(-1, 1).long()
-    valid = index != ignore_index if ignore_index is not None else None
-    if valid is not None:
-        index = torch.where(valid, index, 0)
-    # probs - onehot(labels), without one_hot (which syncs the device to find the class count).
-    grad = flat_p.scatter(1, index, flat_p.gather(1, index) - 1)
-    if valid is not None:
-        grad = torch.where(valid, grad, 0.0)
-    scale = loss_grad
-    if reduction == "mean":
-        scale = scale / (valid.sum() if valid is not None else index.numel())
-    if not (isinstance(scale, (int, float)) and scale == 1):
-        grad = grad * scale
-    return loss, grad.reshape(probs.shape)
+    return emit("nll_loss", kernels.nll_loss, (probs, labels, ignore_index, reduction, log_prob), name="loss")
 
 
 def nll_loss_with_softmax_grad(probs: Tensor, labels: Tensor, loss_grad: float | Tensor = 1,
@@ -104,7 +64,7 @@ def nll_loss_with_softmax_grad(probs: Tensor, labels: Tensor, loss_grad: float |
     by the number of counted labels for ``"mean"``), as PopXL's op.
     """
     _check_reduction(reduction)
-    loss, dx = emit("nll_loss_with_softmax_grad", _nll_softmax_grad,
+    loss, dx = emit("nll_loss_with_softmax_grad", kernels.nll_loss_with_softmax_grad,
                     (probs, labels, loss_grad, ignore_index, reduction), num_outputs=2, name="loss")
     return loss, dx
 
@@ -129,15 +89,4 @@ def batch_norm_inference(t: Tensor, scale: Tensor, bias: Tensor, mean: Tensor, v
                          epsilon: float = 1e-5, momentum: float = 0.9) -> Tensor:
     """Batch normalisation of ``t`` (N, C, ...) with the running statistics ``mean`` and ``var``
     (C,): ``scale * (t - mean) / sqrt(var + epsilon) + bias``. ``momentum`` is unused (inference)."""
-    return emit("batch_norm_inference", _batch_norm_inference, (t, scale, bias, mean, var, float(epsilon)))
-
-
-def _batch_norm_inference(t: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor,
-                          var: torch.Tensor, eps: float) -> torch.Tensor:
-    shape = [-1 if d == 1 else 1 for d in range(t.dim())]  # per channel (axis 1)
-
-    def channel(v: torch.Tensor) -> torch.Tensor:
-        return v.reshape(shape)
-
-    # written out, not F.batch_norm: that has no gradient for the statistics
-    return (t - channel(mean)) * torch.rsqrt(channel(var) + eps) * channel(scale) + channel(bias)
+    return emit("batch_norm_inference", kernels.batch_norm_inference, (t, scale, bias, mean, var, float(epsilon)))

@@ -8,6 +8,7 @@ import torch
 
 from ipuxl.ir.build import emit
 from ipuxl.ir.tensor import Tensor
+from ipuxl.kernels import reduce as kernels
 
 __all__ = [
     "sum", "mean", "max", "min", "prod", "sumsquare", "logsumexp", "l1", "l2",
@@ -46,22 +47,12 @@ def min(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:  # noqa
 
 def prod(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
     """Product over ``axis`` (all axes when None)."""
-    return emit("prod", _prod, (t, _dims(t, axis), keepdims))
-
-
-def _prod(t: torch.Tensor, dims: list[int], keepdim: bool) -> torch.Tensor:
-    for d in sorted((d % t.dim() for d in dims), reverse=True):
-        t = torch.prod(t, d, keepdim=keepdim)
-    return t
+    return emit("prod", kernels.prod, (t, _dims(t, axis), keepdims))
 
 
 def sumsquare(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
     """Sum of squares over ``axis``."""
-    return emit("sumsquare", _sumsquare, (t, _dims(t, axis), keepdims))
-
-
-def _sumsquare(t: torch.Tensor, dims: list[int], keepdim: bool) -> torch.Tensor:
-    return torch.sum(t * t, dims, keepdim)
+    return emit("sumsquare", kernels.sumsquare, (t, _dims(t, axis), keepdims))
 
 
 def logsumexp(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
@@ -81,39 +72,22 @@ def l2(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
 
 def argmax(t: Tensor, dim: int = 0, keepdim: bool = False) -> Tensor:
     """Index of the maximum along ``dim`` (int32, as in PopXL)."""
-    return emit("argmax", _argmax, (t, dim, keepdim))
+    return emit("argmax", kernels.argmax, (t, dim, keepdim))
 
 
 def argmin(t: Tensor, dim: int = 0, keepdim: bool = False) -> Tensor:
     """Index of the minimum along ``dim`` (int32, as in PopXL)."""
-    return emit("argmin", _argmin, (t, dim, keepdim))
-
-
-def _argmax(t: torch.Tensor, dim: int, keepdim: bool) -> torch.Tensor:
-    return torch.argmax(t, dim, keepdim).to(torch.int32)
-
-
-def _argmin(t: torch.Tensor, dim: int, keepdim: bool) -> torch.Tensor:
-    return torch.argmin(t, dim, keepdim).to(torch.int32)
+    return emit("argmin", kernels.argmin, (t, dim, keepdim))
 
 
 def lamb_square(t: Tensor) -> Tensor:
     """Sum of squares of all elements, in float32 (LAMB's squared norms)."""
-    return emit("lamb_square", _lamb_square, (t,))
-
-
-def _lamb_square(t: torch.Tensor) -> torch.Tensor:
-    t32 = t.float()
-    return torch.sum(t32 * t32)
+    return emit("lamb_square", kernels.lamb_square, (t,))
 
 
 def logsum(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
     """``log(sum(t))`` over ``axis`` (all axes when None; ONNX ReduceLogSum)."""
-    return emit("logsum", _logsum, (t, _dims(t, axis), keepdims))
-
-
-def _logsum(t: torch.Tensor, dims: list[int], keepdim: bool) -> torch.Tensor:
-    return torch.log(torch.sum(t, dims, keepdim))
+    return emit("logsum", kernels.logsum, (t, _dims(t, axis), keepdims))
 
 
 def median(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
@@ -121,25 +95,12 @@ def median(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
     middle values for an even count (as PopART and ``torch.median``, unlike ``numpy.median``).
     The gradient goes to the element chosen."""
     dims = sorted(d % builtins.max(t.rank, 1) for d in _dims(t, axis))
-    return emit("median", _median, (t, dims, keepdims))
-
-
-def _median(t: torch.Tensor, dims: list[int], keepdim: bool) -> torch.Tensor:
-    kept = [d for d in range(t.dim()) if d not in dims]
-    moved = t.permute(*kept, *dims).reshape(*(t.shape[d] for d in kept), -1)
-    out = torch.median(moved, dim=-1).values
-    if keepdim:
-        out = out.reshape([1 if d in dims else t.shape[d] for d in range(t.dim())])
-    return out
+    return emit("median", kernels.median, (t, dims, keepdims))
 
 
 def cumsum(t: Tensor, dim: int = 0) -> Tensor:
     """Cumulative sum of ``t`` along ``dim``, in ``t``'s dtype (``torch.cumsum`` would widen integers)."""
-    return emit("cumsum", _cumsum, (t, dim))
-
-
-def _cumsum(t: torch.Tensor, dim: int) -> torch.Tensor:
-    return torch.cumsum(t, dim, dtype=t.dtype)
+    return emit("cumsum", kernels.cumsum, (t, dim))
 
 
 reduce_sum = sum

@@ -15,6 +15,7 @@ from ipuxl.errors import InvalidArgumentError, ShapeMismatchError, UnsupportedEr
 from ipuxl.ir.context import gcg, user_source_line
 from ipuxl.ir.meta import MODIFIES, VIEW_OF
 from ipuxl.ir.tensor import Tensor
+from ipuxl.kernels import shape as kernels
 from ipuxl.ops.elementwise import where
 
 __all__ = [
@@ -179,16 +180,12 @@ def _negative_step_slice(t: Tensor, key: list[Any]) -> Tensor:
     out = t
     for axis, k in enumerate(key):
         if k.step is not None and k.step < 0:
-            out = emit("slice", _select, (out, axis, list(range(t.shape[axis]))[k]))
+            out = emit("slice", kernels.select, (out, axis, list(range(t.shape[axis]))[k]))
         elif k != builtins.slice(None):
             index: list[Any] = [builtins.slice(None)] * t.rank
             index[axis] = k
             out = emit("slice", operator.getitem, (out, tuple(index)))
     return out
-
-
-def _select(t: torch.Tensor, axis: int, indices: list[int]) -> torch.Tensor:
-    return torch.index_select(t, axis, torch.tensor(indices, device=t.device))
 
 
 def squeeze(t: Tensor, axes: list[int] | None = None) -> Tensor:
@@ -223,11 +220,7 @@ def subsample(t: Tensor, strides: int | Sequence[int]) -> Tensor:
             f"op 'subsample' of '{t.name}' {t.shape}: strides {strides} need one positive stride per axis",
             where=user_source_line(), fix=f"give {t.rank} strides, each >= 1")
     key = tuple(builtins.slice(None, None, s) for s in strides)
-    return emit("subsample", _copy_getitem, (t, key))
-
-
-def _copy_getitem(t: torch.Tensor, key: Any) -> torch.Tensor:
-    return t[key].clone()
+    return emit("subsample", kernels.copy_getitem, (t, key))
 
 
 def unsqueeze(t: Tensor, axes: int | list[int]) -> Tensor:
@@ -253,24 +246,8 @@ def gather(t: Tensor, indices: Tensor, axis: int = 0, available_memory_proportio
     """``numpy.take(t, indices, axis)``; with ``zero_OOR`` out-of-range indices give 0."""
     axis = axis + t.rank if -t.rank <= axis < 0 else axis
     if zero_OOR:
-        return emit("gather", _gather_zero_oor, (t, indices, axis))
-    return emit("gather", _take, (t, indices, axis))
-
-
-def _take(t: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor:
-    # numpy.take: negative indices count from the end (index_select rejects them).
-    indices = indices.long()
-    indices = torch.where(indices < 0, indices + t.shape[axis], indices)
-    flat = torch.index_select(t, axis, indices.reshape(-1))
-    return flat.reshape(t.shape[:axis] + indices.shape + t.shape[axis + 1:])
-
-
-def _gather_zero_oor(t: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor:
-    size = t.shape[axis]
-    valid = (indices >= 0) & (indices < size)
-    out = _take(t, torch.where(valid, indices, 0), axis)
-    mask = valid.reshape((1,) * axis + tuple(indices.shape) + (1,) * (t.dim() - axis - 1))
-    return out * mask
+        return emit("gather", kernels.gather_zero_oor, (t, indices, axis))
+    return emit("gather", kernels.take, (t, indices, axis))
 
 
 def getitem(t: Tensor, key: Any) -> Tensor:
@@ -329,8 +306,8 @@ def onehot(t: Tensor, num_classes: Tensor | int, values: Tensor | None = None, a
         raise ShapeMismatchError(f"op 'onehot': axis {axis} is out of range for an output of rank {rank}",
                                  where=user_source_line(), fix=f"give an axis in [{-rank}, {rank - 1}]")
     if values is None:
-        return emit("onehot", _onehot, (t, classes, axis % rank, None))
-    return emit("onehot", _onehot, (t, classes, axis % rank, values))
+        return emit("onehot", kernels.onehot, (t, classes, axis % rank, None))
+    return emit("onehot", kernels.onehot, (t, classes, axis % rank, values))
 
 
 def _static_int(op_name: str, value: Tensor | int) -> int:
@@ -344,14 +321,3 @@ def _static_int(op_name: str, value: Tensor | int) -> int:
             f"op '{op_name}': {value.name!r} must be a scalar constant (its value sets the output shape)",
             where=user_source_line(), fix="pass ipuxl.constant(n) or a Python int")
     return int(constant.reshape(()).item())
-
-
-def _onehot(t: torch.Tensor, classes: int, axis: int, values: torch.Tensor | None) -> torch.Tensor:
-    index = t.long()
-    index = torch.where(index < 0, index + classes, index)
-    hot = index.unsqueeze(-1) == torch.arange(classes, device=t.device)
-    if values is None:
-        out = hot.to(torch.float32)
-    else:
-        out = torch.where(hot, values[1], values[0])
-    return out.movedim(-1, axis)

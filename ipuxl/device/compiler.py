@@ -1,0 +1,119 @@
+"""Compiling an IR's graphs for the device: each graph once, into fx-generated Python.
+
+``lower_to_fx`` (``ipuxl.ir.lower``) turns a graph into an fx graph that calls real torch
+functions: a graph called from many sites stays one function (compiled once, here, the
+first time a caller is lowered), and a graph with a single call site is inlined into its
+caller. The device's rewrites (``ipuxl.device.rewrites``: dead code, fused updates, kernel
+choice) then run on the fx graph, once each, in their registry's order, and only then is
+the Python code generated. Which rewrites changed each graph is kept (``applied``).
+
+A compiled program reads its variables as module attributes (one ``GraphModule`` per
+replica, the same code); ``pad_matrices`` lays out some of them in padded rows
+(``ipuxl.device.layout``).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from ipuxl.device.layout import needs_padding, paddable_attrs, padded_like
+from ipuxl.device.rewrites import apply_rewrites
+from ipuxl.ir.calls import call_nodes, callee_of, does_host_io
+from ipuxl.ir.graph import Graph, identifier
+from ipuxl.ir.ir import Ir
+from ipuxl.ir.lower import compiled_callee, lower_to_fx
+from ipuxl.ir.streams import Stream
+
+__all__ = ["CompiledGraph", "Compiler", "count_call_sites", "replica_program"]
+
+
+class CompiledGraph(NamedTuple):
+    """A called graph as the session compiled it."""
+
+    module: torch.fx.GraphModule
+    """Its generated code."""
+    call: Callable[..., tuple]
+    """The function its call sites in the generated code call."""
+    takes_io: bool = False
+    """Whether it does host IO: its code then takes the run's stream cursors first."""
+    rewrites: tuple[str, ...] = ()
+    """The device rewrites (``ipuxl.device.rewrites``) that changed its code, in the order they ran."""
+
+
+class Compiler:
+    """Compiles the graphs of one IR for one torch device, each called graph once.
+
+    Args:
+        ir: the program.
+        device: where the compiled modules (their variables and constants) live.
+        io_index: the position of each stream's cursor in the run's cursor list.
+    """
+
+    def __init__(self, ir: Ir, device: torch.device, io_index: dict[Stream, int]):
+        self.device = device
+        self.compiled: dict[Graph, CompiledGraph] = {}
+        """Each called graph that was not inlined everywhere, compiled."""
+        self.applied: dict[Graph, tuple[str, ...]] = {}
+        """Every compiled graph (the main graph included): the rewrites that changed it, in order."""
+        self._io_index = io_index
+        self._call_sites = count_call_sites(ir)
+
+    def compile(self, graph: Graph, attrs: dict[str, torch.Tensor] | None = None) -> torch.fx.GraphModule:
+        """Lower ``graph`` (inlining graphs with one call site), run the rewrites, generate its code."""
+        root, code = lower_to_fx(graph, self.callee, attrs, inline=lambda g: self._call_sites[g] == 1,
+                                 io_index=self._io_index)
+        code, self.applied[graph] = apply_rewrites(code)
+        # the Python code is generated once, after the rewrites
+        module = torch.fx.GraphModule(root, code, class_name=identifier(f"ipuxl.{graph.name}"))
+        return module.to(self.device)
+
+    def callee(self, graph: Graph) -> Callable[..., tuple]:
+        """The function a call of ``graph`` in generated code calls (``graph`` compiled on first use)."""
+        if graph not in self.compiled:
+            module = self.compile(graph)
+            self.compiled[graph] = CompiledGraph(module, compiled_callee(graph, module.forward), does_host_io(graph),
+                                                 self.applied[graph])
+        return self.compiled[graph].call
+
+    def callee_module(self, fn: Any) -> tuple[torch.fx.GraphModule, int] | None:
+        """The compiled module a call in generated code runs, and its loop-carried inputs."""
+        graph = getattr(fn, "ipuxl_graph", None)
+        compiled = self.compiled.get(graph) if graph is not None else None
+        return None if compiled is None else (compiled.module, int(getattr(fn, "ipuxl_carried", 0)))
+
+    def pad_matrices(self, program: torch.fx.GraphModule, replica_vars: list[dict[str, torch.Tensor]],
+                     bound: set[str]) -> None:
+        """Keep matmul weights whose rows alias in the cache in padded rows (``device.layout``).
+
+        Only variables the session owns (not the ``bound`` ones, given by the caller),
+        used by nothing but matmuls, transposes and in-place updates, and read by no
+        other module attribute. ``program`` reads ``replica_vars[0]``; each replica's
+        tensor is replaced by a padded copy.
+        """
+        device_vars = replica_vars[0]
+        candidates = {attr for attr, t in device_vars.items() if attr not in bound and needs_padding(t)}
+        if not candidates:
+            return
+        modules = [program, *(c.module for c in self.compiled.values())]
+        held = [t for m in modules for name, t in m.named_buffers() if not (m is program and name in candidates)]
+        candidates = {a for a in candidates if not any(t is device_vars[a] for t in held)}
+        for attr in paddable_attrs(program, candidates, self.callee_module):
+            for variables in replica_vars:
+                variables[attr] = padded_like(variables[attr])
+            setattr(program, attr, device_vars[attr])
+
+
+def replica_program(program: torch.fx.GraphModule, variables: dict[str, torch.Tensor]) -> torch.fx.GraphModule:
+    """The main program again, reading and updating another replica's variables."""
+    module = torch.fx.GraphModule(program, program.graph, class_name=type(program).__name__)
+    for attr, tensor in variables.items():
+        if hasattr(module, attr):
+            setattr(module, attr, tensor)
+    return module
+
+
+def count_call_sites(ir: Ir) -> Counter[Graph]:
+    """How many call/repeat nodes of the whole IR call each graph."""
+    return Counter(callee_of(node) for graph in ir.graphs for node in call_nodes(graph))
