@@ -39,6 +39,7 @@ __all__ = [
     "UndefinedValue",
     "CallInputError",
     "InvalidValueError",
+    "UnknownKeyError",
     "WrongGraphError",
     "CallIndexError",
     "UnsupportedError",
@@ -149,6 +150,13 @@ class PlacementError(CaptureError, ValueError):
 
 class InvalidValueError(CaptureError, ValueError):
     """An argument has an accepted type but a value the API cannot take."""
+
+
+class UnknownKeyError(CaptureError, KeyError):
+    """A name looked up in a fixed table (a level, a mode) is not in it (a KeyError, as a
+    dict lookup raises upstream)."""
+
+    __str__ = Exception.__str__  # the message as written, not KeyError's repr of it
 
 
 class NameConflictError(CaptureError, ValueError):

@@ -67,6 +67,7 @@ from ipuxl.ir.graph import Graph
 from ipuxl.ir.lower import compiled_callee, graph_callable, lower_graph
 from ipuxl.ir.meta import BY_REF_ARGS, COLLECTIVE_OPS, MODIFIES, NAME, OP, SOURCE, VIEW_OF
 from ipuxl.ir.tensor import Tensor, TensorSpec
+from ipuxl.kernels import tp_collectives
 from ipuxl.ops.call import CallSiteInfo, call, call_with_info
 
 __all__ = ["autodiff", "differentiate"]
@@ -132,8 +133,9 @@ def autodiff(graph: Graph, grads_provided: Iterable[Tensor] | None = None,
     return {graph: info, **_differentiated_callees(graph)}
 
 
-#: Collectives with a gradient rule (``replicated_all_gather``: a reduce-scatter, as in PopXL).
-DIFFERENTIABLE_COLLECTIVES = ("replicated_all_gather",)
+#: Collectives with a gradient rule (``replicated_all_gather``: a reduce-scatter, as in PopXL;
+#: popxl.addons' ``replicated_all_reduce_TP``: see ``ipuxl.kernels.tp_collectives``).
+DIFFERENTIABLE_COLLECTIVES = ("replicated_all_gather", "replicated_all_reduce_TP")
 
 
 def _refuse_collectives(graph: Graph) -> None:
@@ -781,7 +783,7 @@ def _rewrite_forward(graph: Graph, fw: fx.GraphModule, n_fwd: int) -> list[tuple
         fresh.meta.update(handle.node.meta)
         env[node] = node_map[handle.node] = fresh
     copy_fx_body(fw, new, env, graph.constant_data, graph.ir, replaces=graph.fx)
-    _tag_all_gathers(new)
+    _tag_traced_collectives(new)
     outputs = _output_args(fw.graph)
     for handle, node in zip(graph.outputs, outputs[:n_fwd]):
         node_map.setdefault(handle.node, env[node])  # an input returned as it is is mapped already
@@ -789,12 +791,15 @@ def _rewrite_forward(graph: Graph, fw: fx.GraphModule, n_fwd: int) -> list[tuple
     return [(node.name, _saved_tensor(graph, env[node])) for node in outputs[n_fwd:]]
 
 
-def _tag_all_gathers(fx_graph: fx.Graph) -> None:
-    """Mark traced all-gathers as the collectives they are (the passes and the replica plan
-    find collectives by ``OP``); their arguments keep ``ops.collectives``' order."""
+def _tag_traced_collectives(fx_graph: fx.Graph) -> None:
+    """Mark traced collectives (all-gathers, TP all-reduces) as the collectives they are (the
+    passes and the replica plan find collectives by ``OP``); their arguments keep the order
+    of the ops that built them."""
     for node in fx_graph.nodes:
         if node.target in (torch.ops.ipuxl.all_gather, torch.ops.ipuxl.all_gather.default):
             node.meta[OP] = "replicated_all_gather"
+        elif node.target in tp_collectives.TP_ALL_REDUCE_TARGETS:
+            node.meta[OP] = "replicated_all_reduce_TP"
 
 
 def _saved_tensor(graph: Graph, node: fx.Node) -> Tensor:
@@ -822,6 +827,7 @@ def _build_grad_graph(graph: Graph, bw: fx.GraphModule, provided: list[Tensor],
         handle = grad.add_input(t.spec, t.name)
         env[placeholders[name]] = handle.node
     copy_fx_body(bw, grad.fx, env, grad.constant_data, graph.ir)
+    _tag_traced_collectives(grad.fx)
     outputs = []
     for node, fwd_input in zip(_output_args(bw.graph), required):
         out = env[node]
