@@ -40,6 +40,7 @@ __all__ = [
     "CallInputError",
     "InvalidValueError",
     "UnknownKeyError",
+    "PopdistError",
     "WrongGraphError",
     "CallIndexError",
     "UnsupportedError",
@@ -318,6 +319,10 @@ class AlreadyWrappedError(IpuxlError, RuntimeError):
 
 
 # -- running Graphcore programs unchanged (ipuxl.compat) ---------------------------
+class PopdistError(IpuxlError, RuntimeError):
+    """A popdist call that needs a multi-instance launch (torchrun) was made without one."""
+
+
 class CheckpointError(IpuxlError, ValueError):
     """A checkpoint's variable names do not match the model's (popxl.addons' ``TaskSession``
     with ``report_missing="error"``; upstream raises a ValueError)."""

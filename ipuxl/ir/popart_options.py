@@ -21,6 +21,12 @@ class SessionOptions:
     numIOTiles: int = 0  # noqa: N815 - PopART's name
     enableExplicitMainLoops: bool = True  # noqa: N815
     useHostCopyOps: bool = True  # noqa: N815
+    # replication, as popdist.popart.configureSessionOptions sets it
+    enableReplicatedGraphs: bool = False  # noqa: N815
+    replicatedGraphCount: int = 1  # noqa: N815
+    enableDistributedReplicatedGraphs: bool = False  # noqa: N815
+    globalReplicaOffset: int = 0  # noqa: N815
+    globalReplicationFactor: int = 1  # noqa: N815
 
 
 @dataclass
