@@ -62,7 +62,7 @@ POPXL: dict[str, str | None] = {
     "popxl.ops.collectives.replica_sharded_slice": "ipuxl.ops.collectives",
     "popxl.ops.collectives.replicated_slice": "ipuxl.ops.collectives",
     "popxl.transforms.merge_exchange": None,
-    "popxl.transforms.decompose_sum": None,
+    "popxl.transforms.decompose_sum": "ipuxl.transforms",
 }
 
 #: PopXL's op files (``popxl/ops/<file>.py``) -> an op each defines

@@ -378,7 +378,7 @@ class Session:
         n = self._built.steps
         loaded = {s: self._stream_input(s, data.get(s), downcast).reshape(n, *s.shape) for s in self._h2d}
         outputs: dict[Stream, torch.Tensor] = {
-            s: torch.empty((n, *s.shape), dtype=s.spec.dtype, device=self.device) for s in self._d2h}
+            s: self._output_buffer(s, (n, *s.shape)) for s in self._d2h}
         buffers = [loaded[s] if isinstance(s, HostToDeviceStream) else outputs[s] for s in self._streams]
         self._execute(self._forwards[0], buffers, 0)
         return [outputs[s] for s in self._d2h]
@@ -388,7 +388,7 @@ class Session:
         n, local = self._built.steps, self._plan.local
         loaded = {s: self._stream_input(s, data.get(s), downcast) for s in self._h2d}  # (n, local, *shape)
         outputs: dict[Stream, torch.Tensor] = {
-            s: torch.empty((n, len(local), *s.shape), dtype=s.spec.dtype, device=self.device) for s in self._d2h}
+            s: self._output_buffer(s, (n, len(local), *s.shape)) for s in self._d2h}
 
         def work(i: int) -> Callable[[], None]:
             buffers = [(loaded[s] if isinstance(s, HostToDeviceStream) else outputs[s])[:, i] for s in self._streams]
@@ -425,11 +425,21 @@ class Session:
         self._progress[index] = self._built.steps
 
     def _check_transfer_counts(self) -> None:
-        """Refuse a program that loads or stores a stream other than ``num_host_transfers`` times."""
+        """Refuse a program that loads or stores a stream other than ``num_host_transfers`` times,
+        unless it is fewer times in a program some stream of which takes all of them.
+
+        That exception is PopART's step IO, which Graphcore's applications rely on: with
+        ``num_host_transfers`` = gradient accumulation steps, the batch streams are loaded
+        once per step and a per-run value (the learning rate) once per run; a stream loaded
+        k < n times reads its first k slices, one stored k times fills its first k slices
+        (the others are zeros). A program in which no stream takes n transfers has the
+        wrong ``num_host_transfers``, and is refused."""
         n = self._built.steps
+        counts = [self._transfers[s] for s in self._h2d + self._d2h]
+        full_steps = n in counts
         for stream in self._h2d + self._d2h:
             count = self._transfers[stream]
-            if count == n:
+            if count == n or (count < n and full_steps):
                 continue
             verb, op = ("loaded", "host_load") if isinstance(stream, HostToDeviceStream) else ("stored", "host_store")
             raise StreamInputError(
@@ -440,6 +450,12 @@ class Session:
                 fix=f"set ir.num_host_transfers = {count} before creating the Session, or change the program "
                     f"to {op} '{stream.name}' {n} times per run (e.g. ops.repeat(step_graph, {n}) with the "
                     f"{op} in the body)")
+
+    def _output_buffer(self, stream: DeviceToHostStream, shape: tuple[int, ...]) -> torch.Tensor:
+        """The run's buffer of a stored stream: zeros where the program stores it fewer times
+        than ``num_host_transfers`` (those slices stay as they are), else uninitialised."""
+        make = torch.zeros if self._transfers[stream] < self._built.steps else torch.empty
+        return make(shape, dtype=stream.spec.dtype, device=self.device)
 
     # -- the IR the session compiled ------------------------------------------------------------
     def _check_unchanged_ir(self) -> None:

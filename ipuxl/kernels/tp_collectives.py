@@ -138,28 +138,34 @@ def _(logits: torch.Tensor, indices: torch.Tensor, stride: int,
     return logits.new_empty(logits.shape[:1]), torch.empty_like(logits)
 
 
-def _cross_entropy_sharded_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    ctx.save_for_backward(output[1], inputs[1])
+class _CrossEntropySharded(torch.autograd.Function):
+    @staticmethod
+    def forward(logits: torch.Tensor, indices: torch.Tensor, stride: int, group_size: int) -> torch.Tensor:
+        loss, neg_log_softmax = torch.ops.ipuxl.cross_entropy_sharded(logits, indices, stride, group_size)
+        return loss, neg_log_softmax
 
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.save_for_backward(output[1], inputs[1])
+        ctx.mark_non_differentiable(output[1])
 
-def _cross_entropy_sharded_backward(ctx: Any, loss_grad: torch.Tensor, _nls_grad: Any) -> tuple[Any, ...]:
-    neg_log_softmax, indices = ctx.saved_tensors
-    classes = neg_log_softmax.shape[1]
-    grad = (-neg_log_softmax).exp() * loss_grad.unsqueeze(1)
-    in_range = (indices >= 0) & (indices < classes)
-    onehot = torch.nn.functional.one_hot(torch.where(in_range, indices, 0).long(), classes).to(grad.dtype)
-    grad = grad - onehot * (loss_grad * in_range.to(grad.dtype)).unsqueeze(1)
-    return grad, None, None, None
-
-
-torch.library.register_autograd("ipuxl::cross_entropy_sharded", _cross_entropy_sharded_backward,
-                                setup_context=_cross_entropy_sharded_setup)
+    @staticmethod
+    def backward(ctx: Any, loss_grad: torch.Tensor, _nls_grad: Any) -> tuple[Any, ...]:
+        # popxl.addons' grad op: softmax * dloss - onehot * dloss, this shard's classes only
+        neg_log_softmax, indices = ctx.saved_tensors
+        classes = neg_log_softmax.shape[1]
+        grad = (-neg_log_softmax).exp() * loss_grad.unsqueeze(1)
+        in_range = (indices >= 0) & (indices < classes)
+        onehot = torch.nn.functional.one_hot(torch.where(in_range, indices, 0).long(), classes).to(grad.dtype)
+        return grad - onehot * (loss_grad * in_range.to(grad.dtype)).unsqueeze(1), None, None, None
 
 
 def cross_entropy_sharded(logits: torch.Tensor, indices: torch.Tensor, stride: int, group_size: int) -> torch.Tensor:
     """The per-sample cross entropy of ``logits`` (N, classes of this shard) sharded over the
     class axis, for ``indices`` (N,) offset to this shard (out of range: another shard's
     class): the same (N,) loss on every member of the group."""
+    if logits.requires_grad:
+        return _CrossEntropySharded.apply(logits, indices, stride, group_size)[0]
     return torch.ops.ipuxl.cross_entropy_sharded(logits, indices, stride, group_size)[0]
 
 

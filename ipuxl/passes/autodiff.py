@@ -784,6 +784,7 @@ def _rewrite_forward(graph: Graph, fw: fx.GraphModule, n_fwd: int) -> list[tuple
         env[node] = node_map[handle.node] = fresh
     copy_fx_body(fw, new, env, graph.constant_data, graph.ir, replaces=graph.fx)
     _tag_traced_collectives(new)
+    _reshape_views(new)
     outputs = _output_args(fw.graph)
     for handle, node in zip(graph.outputs, outputs[:n_fwd]):
         node_map.setdefault(handle.node, env[node])  # an input returned as it is is mapped already
@@ -800,6 +801,19 @@ def _tag_traced_collectives(fx_graph: fx.Graph) -> None:
             node.meta[OP] = "replicated_all_gather"
         elif node.target in tp_collectives.TP_ALL_REDUCE_TARGETS:
             node.meta[OP] = "replicated_all_reduce_TP"
+
+
+def _reshape_views(fx_graph: fx.Graph) -> None:
+    """Make traced ``view`` ops ``reshape`` ops.
+
+    The trace ran on contiguous (fake) inputs, so torch decided every reshape could be a
+    view (``aten.view``). A call site may pass a non-contiguous tensor (a slice of a
+    transpose), where ``view`` fails; ``reshape`` is the same view when the strides
+    allow one and a copy otherwise, which the graph's value semantics cannot tell apart.
+    """
+    for node in fx_graph.nodes:
+        if node.target is torch.ops.aten.view.default:
+            node.target = torch.ops.aten.reshape.default
 
 
 def _saved_tensor(graph: Graph, node: fx.Node) -> Tensor:
@@ -828,6 +842,7 @@ def _build_grad_graph(graph: Graph, bw: fx.GraphModule, provided: list[Tensor],
         env[placeholders[name]] = handle.node
     copy_fx_body(bw, grad.fx, env, grad.constant_data, graph.ir)
     _tag_traced_collectives(grad.fx)
+    _reshape_views(grad.fx)
     outputs = []
     for node, fwd_input in zip(_output_args(bw.graph), required):
         out = env[node]
