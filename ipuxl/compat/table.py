@@ -61,7 +61,8 @@ POPXL: dict[str, str | None] = {
     "popxl.tensorlocation": "ipuxl.ir.remote",
     "popxl.ops.collectives.replica_sharded_slice": "ipuxl.ops.collectives",
     "popxl.ops.collectives.replicated_slice": "ipuxl.ops.collectives",
-    "popxl.transforms.merge_exchange": None,
+    "popxl.transforms.merge_exchange": "ipuxl.transforms",
+    "popxl.transforms.io_tile_exchange": "ipuxl.transforms",
     "popxl.transforms.decompose_sum": "ipuxl.transforms",
 }
 

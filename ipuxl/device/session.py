@@ -48,6 +48,7 @@ from ipuxl.errors import (
 )
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.graph import Graph, identifier
+from ipuxl.log import logger
 from ipuxl.ir.ir import Ir, VariableRecord
 from ipuxl.device.layout import needs_padding, padded_like, paddable_attrs
 from ipuxl.device.host_memory import keep_freed_memory
@@ -149,6 +150,7 @@ class Session:
         self._d2h = [s for s in self._streams if isinstance(s, DeviceToHostStream)]
         self._written_inputs = _written_streams(ir)
         self._progress = [0] * len(self._plan.local)  # steps each local replica completed in the last run
+        self._warned_short_transfers = False
         self._failed_run: IpuxlError | None = None  # the error of this session's last failed run, for __exit__
 
     # -- compilation ---------------------------------------------------------------
@@ -425,21 +427,20 @@ class Session:
         self._progress[index] = self._built.steps
 
     def _check_transfer_counts(self) -> None:
-        """Refuse a program that loads or stores a stream other than ``num_host_transfers`` times,
-        unless it is fewer times in a program some stream of which takes all of them.
+        """Refuse a program that loads or stores a stream more than ``num_host_transfers``
+        times per run; warn (once) when no stream takes all of them.
 
-        That exception is PopART's step IO, which Graphcore's applications rely on: with
-        ``num_host_transfers`` = gradient accumulation steps, the batch streams are loaded
-        once per step and a per-run value (the learning rate) once per run; a stream loaded
-        k < n times reads its first k slices, one stored k times fills its first k slices
-        (the others are zeros). A program in which no stream takes n transfers has the
-        wrong ``num_host_transfers``, and is refused."""
+        A stream transferred k < n times reads (or fills) the first k of its n slices each
+        run, as PopART's step IO does: Graphcore's applications load a per-run value (the
+        learning rate) once while the batch streams take one slice per accumulation step,
+        and some programs set ``num_host_transfers`` to their device iterations while the
+        main graph loads each stream once. Slices a stream does not fill stay zero. When
+        no stream takes the n transfers, the data past the first slices is unused, which
+        is usually a mistake: it is logged."""
         n = self._built.steps
-        counts = [self._transfers[s] for s in self._h2d + self._d2h]
-        full_steps = n in counts
-        for stream in self._h2d + self._d2h:
-            count = self._transfers[stream]
-            if count == n or (count < n and full_steps):
+        counts = {s: self._transfers[s] for s in self._h2d + self._d2h}
+        for stream, count in counts.items():
+            if count <= n:
                 continue
             verb, op = ("loaded", "host_load") if isinstance(stream, HostToDeviceStream) else ("stored", "host_store")
             raise StreamInputError(
@@ -450,6 +451,13 @@ class Session:
                 fix=f"set ir.num_host_transfers = {count} before creating the Session, or change the program "
                     f"to {op} '{stream.name}' {n} times per run (e.g. ops.repeat(step_graph, {n}) with the "
                     f"{op} in the body)")
+        if counts and n not in counts.values() and not self._warned_short_transfers:
+            self._warned_short_transfers = True
+            short = ", ".join(f"'{s.name}' {c}" for s, c in counts.items())
+            logger.warning(f"Session.run: ir.num_host_transfers is {n} but no stream is transferred {n} times per "
+                           f"run ({short}): each run uses only the first slices of every stream (PopART's step "
+                           f"IO); set ir.num_host_transfers to the transfers per run, or ops.repeat the step "
+                           f"(created at {self._built.created_at})")
 
     def _output_buffer(self, stream: DeviceToHostStream, shape: tuple[int, ...]) -> torch.Tensor:
         """The run's buffer of a stored stream: zeros where the program stores it fewer times
