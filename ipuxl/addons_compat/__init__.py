@@ -8,9 +8,10 @@ repeat_graph), ops (cross entropy, host transfers), layers, optimisers,
 ``patterns`` and the tensor-parallel ops and layers on ipuxl's core API, module by
 module as upstream lays them out.
 
-``GIT_COMMIT`` is upstream's short commit of the popxl.addons checkout in use; ipuxl is
-not one, so it is None (upstream's value outside a git checkout).
+``GIT_COMMIT`` is upstream's short commit of the popxl.addons checkout in use, which
+programs log; here it names the ipuxl release that provides popxl.addons (``"ipuxl-0.1.0"``).
 """
+from ipuxl import __version__
 from ipuxl.addons_compat import array_munging, layers, named_replica_grouping, ops, optimizers, patterns, transforms, utils
 from ipuxl.addons_compat.dot_tree import DotTree, to_mapping
 from ipuxl.addons_compat.graph import BoundGraph, GraphWithNamedArgs
@@ -36,7 +37,7 @@ from ipuxl.addons_compat.transforms.batch_serialisation import (
     batch_serial_buffer, batch_serialise, batch_serialise_fwd_and_grad,
 )
 
-GIT_COMMIT: str | None = None
+GIT_COMMIT: str | None = f"ipuxl-{__version__}"
 
 __all__ = [
     "array_munging", "layers", "named_replica_grouping", "ops", "optimizers", "patterns", "transforms", "utils",

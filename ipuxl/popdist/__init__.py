@@ -34,9 +34,10 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Iterable
 
-from ipuxl.errors import InvalidValueError, PopdistError
+from ipuxl.errors import InvalidValueError
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.world import local_replicas, total_replicas, world
+from ipuxl.popdist.launch import LAUNCH_FIX, is_launched, require_launch
 
 __all__ = [
     "isPopdistEnvSet", "getNumInstances", "getInstanceIndex", "getLocalInstanceIndex", "getNumLocalReplicas",
@@ -44,13 +45,9 @@ __all__ = [
     "execute_on_instances", "initializeBackend", "isBackendInitialized", "finalizeBackend",
 ]
 
-_LAUNCH_FIX = "launch the program with torchrun (torchrun --nproc_per_node N -m ipuxl.compat PROGRAM.py), " \
-              "or guard the call with popdist.isPopdistEnvSet()"
-
-
 def isPopdistEnvSet() -> bool:  # noqa: N802 - PopDist's names
     """Whether a launcher set the multi-instance environment (torchrun, or PopRun's variables)."""
-    return ("WORLD_SIZE" in os.environ and "RANK" in os.environ) or "POPDIST_NUM_TOTAL_REPLICAS" in os.environ
+    return is_launched()
 
 
 def getNumInstances() -> int:  # noqa: N802
@@ -113,7 +110,7 @@ def execute_on_instances(instances: Iterable[int], func: Callable[..., Any], *ar
     if outside:
         raise InvalidValueError(f"execute_on_instances: instances {outside} do not exist; the program runs "
                                 f"{count} instance(s)", where=user_source_line(),
-                                fix=f"choose instances in [0, {count})" + ("" if count > 1 else f"; {_LAUNCH_FIX}"))
+                                fix=f"choose instances in [0, {count})" + ("" if count > 1 else f"; {LAUNCH_FIX}"))
     return func(*args, **kwargs) if getInstanceIndex() in chosen else None
 
 
@@ -130,7 +127,7 @@ def initializeBackend() -> None:  # noqa: N802
     Raises:
         PopdistError: not launched as several instances.
     """
-    _require_launch("initializeBackend")
+    require_launch("initializeBackend")
     if not isBackendInitialized():
         import torch
         import torch.distributed as dist
@@ -144,11 +141,3 @@ def finalizeBackend() -> None:  # noqa: N802
         import torch.distributed as dist
 
         dist.destroy_process_group()
-
-
-def _require_launch(what: str) -> None:
-    """Raise ``PopdistError`` naming ``what`` unless a launcher set the multi-instance environment."""
-    if not isPopdistEnvSet():
-        raise PopdistError(f"popdist.{what} needs a multi-instance launch, and none set the environment "
-                           "(no WORLD_SIZE/RANK from torchrun, no POPDIST_* variables)", where=user_source_line(),
-                           fix=_LAUNCH_FIX)

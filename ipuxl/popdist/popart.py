@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from ipuxl.popdist import (
-    _require_launch, getNumInstances, getNumLocalReplicas, getNumTotalReplicas, getReplicaIndexOffset,
+    getNumInstances, getNumLocalReplicas, getNumTotalReplicas, getReplicaIndexOffset,
 )
+from ipuxl.popdist.launch import require_launch
 
 __all__ = ["configureSessionOptions"]
 
@@ -24,7 +25,7 @@ def configureSessionOptions(opts: Any) -> None:  # noqa: N802 - PopDist's name
     Raises:
         PopdistError: (a RuntimeError) not launched as several instances.
     """
-    _require_launch("popart.configureSessionOptions")
+    require_launch("popart.configureSessionOptions")
     local = getNumLocalReplicas()
     opts.enableReplicatedGraphs = local > 1
     opts.replicatedGraphCount = local

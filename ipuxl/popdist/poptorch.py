@@ -6,9 +6,10 @@ from typing import Any
 from ipuxl.errors import PopdistError
 from ipuxl.ir.context import user_source_line
 from ipuxl.popdist import (
-    _require_launch, checkNumIpusPerReplica, getInstanceIndex, getNumInstances, getNumIpusPerReplica,
+    checkNumIpusPerReplica, getInstanceIndex, getNumInstances, getNumIpusPerReplica,
     getNumTotalReplicas,
 )
+from ipuxl.popdist.launch import require_launch
 from ipuxl.poptorch_compat.options import Options as _PoptorchOptions
 
 __all__ = ["Options"]
@@ -32,7 +33,7 @@ class Options(_PoptorchOptions):
     """
 
     def __init__(self, ipus_per_replica: int | None = None, **kwargs: Any):
-        _require_launch("poptorch.Options")
+        require_launch("poptorch.Options")
         super().__init__(**kwargs)
         ipus = getNumIpusPerReplica() if ipus_per_replica is None else ipus_per_replica
         if not checkNumIpusPerReplica(ipus):

@@ -13,7 +13,7 @@ from ipuxl.ir.graph_builder import constant
 from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.ir.tensor import Tensor
 from ipuxl.kernels import tp_collectives
-from ipuxl.ops.collectives import _check
+from ipuxl.ops.collectives import check_group
 
 __all__ = ["cross_entropy_sharded_loss"]
 
@@ -41,7 +41,7 @@ def cross_entropy_sharded_loss(logits: Tensor, indices: Tensor, ignore_index: Te
         ShapeMismatchError: logits not 2-D, or indices not ``(n_samples,)``.
         InvalidValueError: (a ValueError, as upstream) an unknown reduction.
     """
-    g = _check("cross_entropy_sharded_loss", logits, None, replica_grouping)
+    g = check_group("cross_entropy_sharded_loss", logits, None, replica_grouping)
     if reduction not in ("mean", "sum", "none"):
         raise InvalidValueError(f"`reduction` should be one of `mean`, `sum` and `none`. Passed: {reduction}",
                                 where=context.user_source_line(), fix="use 'mean', 'sum' or 'none'")

@@ -8,7 +8,7 @@ from ipuxl.ir.graph import describe
 from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.ir.tensor import Tensor
 from ipuxl.kernels import tp_collectives
-from ipuxl.ops.collectives import _check
+from ipuxl.ops.collectives import check_group
 
 __all__ = ["layer_norm_distributed"]
 
@@ -25,7 +25,7 @@ def layer_norm_distributed(t: Tensor, w: Tensor, b: Tensor, epsilon: float = 1e-
     Raises:
         ShapeMismatchError: ``t`` is not 2-D, or ``w``/``b`` are not 1-D of ``t``'s last size.
     """
-    g = _check("layer_norm_distributed", t, None, group)
+    g = check_group("layer_norm_distributed", t, None, group)
     if t.rank != 2 or w.shape != (t.shape[-1],) or b.shape != (t.shape[-1],):
         raise ShapeMismatchError(
             f"layer_norm_distributed: needs t (N, H) and w, b (H,); got {describe(t)}, {describe(w)}, {describe(b)}",

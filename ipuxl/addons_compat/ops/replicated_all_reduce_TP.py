@@ -25,7 +25,7 @@ from ipuxl.ir.build import emit
 from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.ir.tensor import Tensor
 from ipuxl.kernels import tp_collectives
-from ipuxl.ops.collectives import CollectiveOps, _check
+from ipuxl.ops.collectives import CollectiveOps, check_group
 
 __all__ = ["replicated_all_reduce_identical_inputs", "replicated_all_reduce_identical_grad_inputs",
            "replicated_all_reduce"]
@@ -41,7 +41,7 @@ def replicated_all_reduce_identical_inputs(t: Tensor, op: CollectiveOps = "add",
         op: the reduction; only ``"add"``.
         group: the replicas to reduce across (default: all).
     """
-    return _replicated_all_reduce_tp(t, op, group, identical_inputs=True)
+    return all_reduce_tp(t, op, group, identical_inputs=True)
 
 
 def replicated_all_reduce_identical_grad_inputs(t: Tensor, op: CollectiveOps = "add",
@@ -54,7 +54,7 @@ def replicated_all_reduce_identical_grad_inputs(t: Tensor, op: CollectiveOps = "
         op: the reduction; only ``"add"``.
         group: the replicas to reduce across (default: all).
     """
-    return _replicated_all_reduce_tp(t, op, group, identical_grad_inputs=True)
+    return all_reduce_tp(t, op, group, identical_grad_inputs=True)
 
 
 def replicated_all_reduce(t: Tensor, op: CollectiveOps = "add", group: ReplicaGrouping | None = None) -> Tensor:
@@ -65,12 +65,13 @@ def replicated_all_reduce(t: Tensor, op: CollectiveOps = "add", group: ReplicaGr
         op: the reduction; only ``"add"``.
         group: the replicas to reduce across (default: all).
     """
-    return _replicated_all_reduce_tp(t, op, group)
+    return all_reduce_tp(t, op, group)
 
 
-def _replicated_all_reduce_tp(t: Tensor, op: CollectiveOps, group: ReplicaGrouping | None,
-                              identical_inputs: bool = False, identical_grad_inputs: bool = False) -> Tensor:
-    g = _check("replicated_all_reduce_TP", t, op, group)
+def all_reduce_tp(t: Tensor, op: CollectiveOps, group: ReplicaGrouping | None, identical_inputs: bool = False,
+                  identical_grad_inputs: bool = False) -> Tensor:
+    """The TP all-reduce op with both flags (the functions above, and the strided collectives)."""
+    g = check_group("replicated_all_reduce_TP", t, op, group)
     if op != "add":
         raise UnsupportedError(f"replicated_all_reduce_TP of '{t.name}': op {op!r} is not implemented; "
                                "CollectiveOperator::Add is the only one, as in popxl.addons",

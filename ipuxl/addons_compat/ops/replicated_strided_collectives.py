@@ -19,7 +19,7 @@ from contextlib import nullcontext
 
 from ipuxl.addons_compat.graph import GraphWithNamedArgs
 from ipuxl.addons_compat.named_tensors import NamedTensors
-from ipuxl.addons_compat.ops.replicated_all_reduce_TP import _replicated_all_reduce_tp
+from ipuxl.addons_compat.ops.replicated_all_reduce_TP import all_reduce_tp
 from ipuxl.ir import context, placement
 from ipuxl.ir.graph_builder import graph_input, graph_output
 from ipuxl.ir.replica_grouping import ReplicaGrouping
@@ -52,19 +52,19 @@ def replicated_reduce_scatter_strided(t: Tensor, op: CollectiveOps = "add", grou
 
 def replicated_all_reduce_strided(t: Tensor, op: CollectiveOps = "add", group: ReplicaGrouping | None = None) -> Tensor:
     """An all-reduce over ``group`` whose gradient is an all-reduce."""
-    return _replicated_all_reduce_tp(t, op, group)
+    return all_reduce_tp(t, op, group)
 
 
 def replicated_all_reduce_strided_identical_inputs(t: Tensor, op: CollectiveOps = "add",
                                                    group: ReplicaGrouping | None = None) -> Tensor:
     """``replicated_all_reduce_identical_inputs``: an identity whose gradient is an all-reduce."""
-    return _replicated_all_reduce_tp(t, op, group, identical_inputs=True)
+    return all_reduce_tp(t, op, group, identical_inputs=True)
 
 
 def replicated_all_reduce_strided_identical_grad_inputs(t: Tensor, op: CollectiveOps = "add",
                                                         group: ReplicaGrouping | None = None) -> Tensor:
     """``replicated_all_reduce_identical_grad_inputs``: an all-reduce whose gradient is an identity."""
-    return _replicated_all_reduce_tp(t, op, group, identical_grad_inputs=True)
+    return all_reduce_tp(t, op, group, identical_grad_inputs=True)
 
 
 def replicated_all_reduce_strided_graph(tensors: NamedTensors, op: CollectiveOps = "add",
