@@ -50,7 +50,7 @@ class ReplicaPlan:
     def initial_value(self, record: VariableRecord, replica: int) -> np.ndarray:
         """Replica ``replica``'s initial value of a variable."""
         grouping = record.replica_grouping(self.replication_factor)
-        return record.data[grouping.assignment[replica]] if grouping.num_groups > 1 else record.data
+        return np.asarray(record.data[grouping.assignment[replica]]) if grouping.num_groups > 1 else record.data
 
 
 def plan_replicas(ir: Ir) -> ReplicaPlan:
