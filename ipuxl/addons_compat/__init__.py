@@ -12,7 +12,9 @@ module as upstream lays them out.
 programs log; here it names the ipuxl release that provides popxl.addons (``"ipuxl-0.1.0"``).
 """
 from ipuxl import __version__
-from ipuxl.addons_compat import array_munging, layers, named_replica_grouping, ops, optimizers, patterns, transforms, utils
+from ipuxl.addons_compat import (
+    array_munging, layers, named_replica_grouping, ops, optimizers, patterns, transforms, utils,
+)
 from ipuxl.addons_compat.dot_tree import DotTree, to_mapping
 from ipuxl.addons_compat.graph import BoundGraph, GraphWithNamedArgs
 from ipuxl.addons_compat.graph_cache import GraphCache

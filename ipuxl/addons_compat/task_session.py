@@ -22,7 +22,7 @@ import logging
 import os
 import shutil
 from collections import deque
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Iterable, Literal, Mapping, cast
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from ipuxl.addons_compat.utils import timer
 from ipuxl.device import Session
 from ipuxl.errors import CheckpointError, InvalidArgumentError, InvalidValueError
 from ipuxl.ir.context import user_source_line
-from ipuxl.ir.tensor import Tensor
+from ipuxl.ir.tensor import Tensor, Variable
 from ipuxl.ir.world import world
 
 __all__ = ["TaskSession"]
@@ -112,7 +112,8 @@ class TaskSession(Session):
                            report_missing: ReportMissingMethods = "none") -> None:
         _report_missing(src.to_dict().keys(), self.state.to_dict().keys(), report_missing)
         src_to_dst = src.to_mapping(self.state)
-        self.write_variables_data({src_to_dst[t]: value for t, value in loaded.items() if t in src_to_dst})
+        self.write_variables_data({cast(Variable, src_to_dst[t]): value for t, value in loaded.items()
+                                   if t in src_to_dst})
 
     # -- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self, checkpoint_dir: str) -> None:
@@ -156,12 +157,13 @@ class TaskSession(Session):
                                       where=user_source_line(),
                                       fix="give a directory written by TaskSession.save_checkpoint")
             variables = self.state.to_dict()
-            files = {os.path.basename(f)[:-len(".npz")] for f in glob.glob(os.path.join(checkpoint_dir, "model", "*.npz"))}
+            saved = glob.glob(os.path.join(checkpoint_dir, "model", "*.npz"))
+            files = {os.path.basename(f)[:-len(".npz")] for f in saved}
             _report_missing(files, variables.keys(), report_missing)
-            data = {}
+            data: dict[Variable, np.ndarray] = {}
             for name in sorted(files & variables.keys()):
                 with np.load(os.path.join(checkpoint_dir, "model", f"{name}.npz"), allow_pickle=False) as loaded:
-                    data[variables[name]] = loaded[name]
+                    data[cast(Variable, variables[name])] = loaded[name]
             self.write_variables_data(data)
             logger.info("\t Loaded model state")
             if self._dataloader is not None:
@@ -173,7 +175,8 @@ class TaskSession(Session):
 
     def _write_checkpoint(self, checkpoint_dir: str, state: Mapping[str, np.ndarray]) -> None:
         for name, value in state.items():
-            np.savez(os.path.join(checkpoint_dir, "model", f"{name}.npz"), **{name: value})
+            arrays: dict[str, Any] = {name: value}  # one file per variable, the array under its name
+            np.savez(os.path.join(checkpoint_dir, "model", f"{name}.npz"), **arrays)
         if self._dataloader is not None:
             self._dataloader.save(os.path.join(checkpoint_dir, _DATALOADER_FILE))
         with open(os.path.join(checkpoint_dir, _SESSION_FILE), "w") as f:

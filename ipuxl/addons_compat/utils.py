@@ -56,7 +56,7 @@ def timer(title: str | None = None, log_to_wandb: bool = True) -> Iterator[None]
         wandb.run.summary[title.lower().replace(" ", "_") + "_mins"] = minutes
 
 
-class OrderedDict(collections.OrderedDict, MutableMapping[K, V]):  # type: ignore[type-var]
+class OrderedDict(collections.OrderedDict, MutableMapping[K, V]):
     """An ``OrderedDict`` with ``idx(i)`` (the i-th value) and a one-item-per-line repr."""
 
     def idx(self, idx: int) -> V:

@@ -140,7 +140,8 @@ def _(logits: torch.Tensor, indices: torch.Tensor, stride: int,
 
 class _CrossEntropySharded(torch.autograd.Function):
     @staticmethod
-    def forward(logits: torch.Tensor, indices: torch.Tensor, stride: int, group_size: int) -> torch.Tensor:
+    def forward(logits: torch.Tensor, indices: torch.Tensor, stride: int,
+                group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         loss, neg_log_softmax = torch.ops.ipuxl.cross_entropy_sharded(logits, indices, stride, group_size)
         return loss, neg_log_softmax
 

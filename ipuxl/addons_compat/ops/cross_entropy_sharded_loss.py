@@ -49,7 +49,8 @@ def cross_entropy_sharded_loss(logits: Tensor, indices: Tensor, ignore_index: Te
         raise ShapeMismatchError(f"cross_entropy_sharded_loss: needs logits (n_samples, classes) and indices "
                                  f"(n_samples,), got {describe(logits)} and {describe(indices)}",
                                  where=context.user_source_line(), fix="flatten the sample axes first")
-    loss = emit("cross_entropy_sharded", tp_collectives.cross_entropy_sharded, (logits, indices, g.stride, g.group_size),
+    loss = emit("cross_entropy_sharded", tp_collectives.cross_entropy_sharded,
+                (logits, indices, g.stride, g.group_size),
                 meta_fn=lambda x, *_: x.new_empty(x.shape[:1]), name="cross_entropy_sharded_out")
     mask = None
     if ignore_index is not None:

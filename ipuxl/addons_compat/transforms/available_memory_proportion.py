@@ -30,7 +30,8 @@ def set_available_memory_proportion_by_ipu(ir: Ir, proportions: Iterable[float])
     _check(proportions)
 
 
-def set_graph_available_memory_proportion_by_ipu(graph: Graph | GraphWithNamedArgs, proportions: Iterable[float]) -> None:
+def set_graph_available_memory_proportion_by_ipu(graph: Graph | GraphWithNamedArgs,
+                                                 proportions: Iterable[float]) -> None:
     """As ``set_available_memory_proportion_by_ipu``, for ``graph`` and the graphs it calls."""
     _check(proportions)
 

@@ -137,7 +137,8 @@ def _load(t: Tensor, handle: LoadHandle, index: Tensor, steps: int, rows: int) -
         group = _shard_group(handle)
         return replicated_all_gather(loaded, group=group).reshape(t.shape) if group is not None else loaded
     raise InvalidArgumentError(f"batch_serialise: load handle of '{t.name}' must be a HostToDeviceStream or a "
-                               f"(RemoteBuffer, row_offset) pair or a RemoteHandle, got {handle!r}", where=context.user_source_line(),
+                               f"(RemoteBuffer, row_offset) pair or a RemoteHandle, got {handle!r}",
+                               where=context.user_source_line(),
                                fix="pass popxl.h2d_stream(...), (buffer, 0) or RemoteHandle(buffer, 0, shard_group)")
 
 
