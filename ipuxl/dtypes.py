@@ -8,8 +8,9 @@ module-level names) shows these objects, and every function taking a dtype
 accepts a PopXL dtype, a torch dtype, a numpy dtype or a name (``from_any``).
 
 As PopXL: ``half``/``float``/``double`` alias ``float16``/``float32``/``float64``;
-``uint16``, ``uint64`` and the complex types exist as dtypes but no tensor can
-have them (``check_supported``). ipuxl adds ``bfloat16`` (torch's) and
+``uint64`` and the complex types exist as dtypes but no tensor can have them
+(``check_supported``). ``uint16`` tensors hold packed data (popxl.addons' group-quantised
+weights): torch has no arithmetic on them, so the ops that read them convert first. ipuxl adds ``bfloat16`` (torch's) and
 ``dtype.itemsize``; PopXL's ``float8_143``/``float8_152`` have no counterpart.
 """
 from __future__ import annotations
@@ -218,7 +219,7 @@ del dtype._define  # the instances above are all there are
 
 # Every dtype a tensor, variable, constant or stream can have (the IPU's types).
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16,
-             torch.int32, torch.int64, torch.uint32, torch.bool)
+             torch.uint16, torch.int32, torch.int64, torch.uint32, torch.bool)
 # PopXL's ``downcast=True``: 64-bit host data becomes 32-bit on the device.
 DOWNCAST = {torch.float64: torch.float32, torch.int64: torch.int32}
 
@@ -280,7 +281,7 @@ def check_supported(dtype: "torch.dtype | dtype", subject: str | None = None, *,
 
     Raises:
         InvalidArgumentError: (a TypeError) a dtype outside ``SUPPORTED`` (complex,
-            float8, uint16, uint64...).
+            float8, uint64...).
     """
     if dtype not in SUPPORTED:
         _raise(f"dtype {dtype_name(dtype)} is not supported", subject, _fix_for(_torch_of(dtype), host_data))

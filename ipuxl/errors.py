@@ -39,6 +39,8 @@ __all__ = [
     "UndefinedValue",
     "CallInputError",
     "InvalidValueError",
+    "UnknownKeyError",
+    "PopdistError",
     "WrongGraphError",
     "CallIndexError",
     "UnsupportedError",
@@ -149,6 +151,13 @@ class PlacementError(CaptureError, ValueError):
 
 class InvalidValueError(CaptureError, ValueError):
     """An argument has an accepted type but a value the API cannot take."""
+
+
+class UnknownKeyError(CaptureError, KeyError):
+    """A name looked up in a fixed table (a level, a mode) is not in it (a KeyError, as a
+    dict lookup raises upstream)."""
+
+    __str__ = Exception.__str__  # the message as written, not KeyError's repr of it
 
 
 class NameConflictError(CaptureError, ValueError):
@@ -310,6 +319,10 @@ class AlreadyWrappedError(IpuxlError, RuntimeError):
 
 
 # -- running Graphcore programs unchanged (ipuxl.compat) ---------------------------
+class PopdistError(IpuxlError, RuntimeError):
+    """A popdist call that needs a multi-instance launch (torchrun) was made without one."""
+
+
 class CheckpointError(IpuxlError, ValueError):
     """A checkpoint's variable names do not match the model's (popxl.addons' ``TaskSession``
     with ``report_missing="error"``; upstream raises a ValueError)."""

@@ -55,6 +55,8 @@ HIERARCHY = [
     (errors.UndefinedValue, IpuxlError, ()),
     (errors.UnsupportedError, IpuxlError, (NotImplementedError, RuntimeError)),
     (errors.CheckpointError, IpuxlError, (ValueError,)),
+    (errors.UnknownKeyError, CaptureError, (KeyError,)),
+    (errors.PopdistError, IpuxlError, (RuntimeError,)),
     (errors.CompatImportError, IpuxlError, (ModuleNotFoundError, ImportError)),
     (errors.PlacementError, CaptureError, (ValueError,)),
     (errors.DataFileError, IpuxlError, (ValueError,)),
@@ -355,16 +357,17 @@ def test_host_transfer_stream_checks():
             ops.host_load(foreign_in)
 
 
-def test_transfers_other_than_num_host_transfers_are_refused_at_run():
+def test_transfers_beyond_num_host_transfers_are_refused_at_run():
     ir = ipuxl.Ir()
-    ir.num_host_transfers = 3
+    ir.num_host_transfers = 1
     with ir.main_graph:
         x_stream = ipuxl.h2d_stream((2,), F32, "x")
+        ops.host_load(x_stream)
         ops.host_store(ipuxl.d2h_stream((2,), F32, "y"), ops.host_load(x_stream) * 2.0)
     with ipuxl.Session(ir) as session:
-        with expect(StreamInputError, ValueError, "stream 'x' is loaded 1 time(s) per run",
-                    "ir.num_host_transfers is 3", "set ir.num_host_transfers = 1", "ops.repeat(step_graph, 3)"):
-            session.run({x_stream: np.zeros((3, 2), np.float32)})
+        with expect(StreamInputError, ValueError, "stream 'x' is loaded 2 time(s) per run",
+                    "ir.num_host_transfers is 1", "set ir.num_host_transfers = 2", "ops.repeat(step_graph, 1)"):
+            session.run({x_stream: np.zeros((2,), np.float32)})
 
 
 # -- variables data ------------------------------------------------------------------

@@ -19,7 +19,9 @@ import ipuxl
 PACKAGE = pathlib.Path(ipuxl.__file__).parent
 FRONT_ENDS = ("ipuxl.poptorch_compat", "ipuxl.addons_compat")
 # ``ipuxl.compat`` (running Graphcore's programs unchanged) aliases both front ends: it sits above them.
-ALIASES = ("ipuxl.compat",)
+# ``ipuxl.popdist`` (PopDist, which programs import through the aliases) builds on both front ends too
+# (``popdist.poptorch.Options`` is a ``poptorch.Options``); only the aliases reach it.
+ALIASES = ("ipuxl.compat", "ipuxl.popdist")
 # Public namespaces that re-export the front ends' names (loaded lazily, PEP 562).
 FACADES = ("ipuxl", "ipuxl.optim")
 UPPER = ("ipuxl.capture", "ipuxl.passes", "ipuxl.device", "ipuxl.transforms", *FRONT_ENDS, *ALIASES)

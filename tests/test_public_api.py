@@ -49,7 +49,8 @@ OPS = [
 ]
 OPS = sorted(OPS + ["io_tile_copy", "ipu_copy", "remote_code_load", "remote_load", "remote_load_", "remote_store"])
 
-TRANSFORMS = ["ExpectedConnection", "ExpectedConnectionType", "GradGraphInfo", "autodiff"]
+TRANSFORMS = ["ExpectedConnection", "ExpectedConnectionType", "GradGraphInfo", "autodiff", "decompose_sum",
+              "io_tile_exchange", "merge_exchange"]
 
 ADDONS = [
     "BoundGraph", "Conv2D", "DotTree", "Embedding", "GraphCache", "GraphWithNamedArgs", "GroupNorm", "InputStreams",
@@ -61,6 +62,11 @@ ADDONS = [
 ADDONS = sorted(ADDONS + [  # #17: Streaming Memory, RTS, batch serialisation
     "NamedRemoteBuffers", "batch_serial_buffer", "batch_serialise", "batch_serialise_fwd_and_grad",
     "load_remote_graph", "named_variable_buffers", "pipelined_execution", "remote", "rts", "store_remote_graph",
+])
+ADDONS = sorted(ADDONS + [  # Graphcore's PopXL applications: tasks, utils, patterns, TP
+    "GIT_COMMIT", "NamedTensorData", "OrderedDict", "TaskSession", "WeightsDict", "null_context", "patterns",
+    "recompute_graph", "set_available_memory_proportion_by_ipu", "set_graph_available_memory_proportion_by_ipu",
+    "suffix_graph_name", "timer", "utils",
 ])
 
 OPTIM = [

@@ -1,12 +1,15 @@
-"""``NamedTensors``: a ``DotTree`` of ipuxl Tensors (popxl.addons' container)."""
+"""``NamedTensors``: a ``DotTree`` of ipuxl Tensors (popxl.addons' container), and
+``NamedTensorData``: a ``DotTree`` of their host values (``TaskSession.get_named_tensors_data``)."""
 from __future__ import annotations
 
 from typing import Mapping
 
+import numpy as np
+
 from ipuxl.addons_compat.dot_tree import DotTree
 from ipuxl.ir.tensor import Tensor, Variable
 
-__all__ = ["NamedTensors", "TensorMap"]
+__all__ = ["NamedTensors", "NamedTensorData", "TensorMap"]
 
 TensorMap = Mapping[Tensor, Tensor]
 
@@ -33,3 +36,8 @@ class NamedTensors(DotTree[Tensor]):
     def remap(self, mapping: TensorMap) -> "NamedTensors":
         """The same tree with every tensor replaced by ``mapping[tensor]``."""
         return self.map(lambda t: mapping[t])
+
+
+class NamedTensorData(DotTree[np.ndarray]):
+    """A tree of host arrays by (dotted) name: the data of a ``NamedTensors``, e.g.
+    ``session.get_named_tensors_data().layer.weight``."""

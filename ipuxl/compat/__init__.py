@@ -1,7 +1,8 @@
 """Run Graphcore's PopXL, popxl.addons and PopTorch programs unchanged.
 
 ``install()`` puts an import hook first on ``sys.meta_path`` that makes ``popxl``,
-``popxl_addons`` and ``poptorch`` (and their submodules, module by module) resolve
+``popxl_addons``, ``poptorch``, ``popdist`` and ``popart`` (and their submodules, module
+by module) resolve
 to ipuxl's modules: the alias *is* ipuxl's module object, so ``popxl.ops is
 ipuxl.ops`` and ``import popxl_addons`` gives ``ipuxl.addons_compat``. Where ipuxl's
 module path differs from upstream's, ``ipuxl.compat.table`` says which module
@@ -17,6 +18,9 @@ Example:
     >>> import popxl, popxl.ops as ops
     >>> popxl.Ir is ipuxl.Ir and ops is ipuxl.ops
     True
+
+``import popdist`` gives ``ipuxl.popdist`` (answers from torchrun's environment) and
+``import popart`` the few PopART names programs use (``ipuxl.popart_compat``).
 
 ``import poptorch`` gives ``ipuxl.poptorch_compat``, PopTorch's namespace
 (``poptorch.Options``, ``poptorch.enums``, ``poptorch.optim``, ``poptorch.logging``...),
@@ -46,8 +50,8 @@ def resolve(name: str) -> str | None:
     """The ipuxl module standing for upstream module ``name``.
 
     Returns:
-        The ipuxl module's name, or None when ``name`` is not under ``popxl``,
-        ``popxl_addons`` or ``poptorch``.
+        The ipuxl module's name, or None when ``name`` is not under one of the packages
+        of ``ipuxl.compat.table.ROOTS``.
 
     Raises:
         CompatImportError: upstream has ``name`` but ipuxl does not provide it.
@@ -57,19 +61,19 @@ def resolve(name: str) -> str | None:
         return None
     if name == root:
         return table.ROOTS[root]
-    for known in (table.POPXL, table.POPXL_ADDONS, table.POPTORCH):
+    for known in table.TABLES:
         if name in known:
-            return known[name] or _raise_missing(name)
+            return known[name] or _raise_missing(name, _MISSING_DETAIL.get(name))
     prefix, _, last = name.rpartition(".")
     if prefix == "popxl.ops" and last in table.OP_FILES:
         return _op_module(name, table.OP_FILES[last])
-    if root == "poptorch":
+    if root in table.LISTED_ONLY:
         _raise_missing(name, upstream_has=False)
     return table.ROOTS[root] + name[len(root):]
 
 
 def _in_tables(name: str) -> bool:
-    return name in table.ROOTS or any(name in t for t in (table.POPXL, table.POPXL_ADDONS, table.POPTORCH))
+    return name in table.ROOTS or any(name in t for t in table.TABLES)
 
 
 def _op_module(name: str, op: str) -> str:
@@ -90,7 +94,12 @@ def _raise_missing(name: str, detail: str | None = None, upstream_has: bool = Tr
 
 
 def _package(name: str) -> str:
-    return {"popxl": "PopXL", "popxl_addons": "popxl.addons", "poptorch": "PopTorch"}[name.partition(".")[0]]
+    return table.PACKAGE_NAMES[name.partition(".")[0]]
+
+
+_INTERNAL_IR = "it is PopART's C++ IR, which only PopART itself can provide"
+#: why an upstream module is missing, where there is more to say than "not provided"
+_MISSING_DETAIL = {"popart._internal": _INTERNAL_IR, "popart._internal.ir": _INTERNAL_IR}
 
 
 def _importer_line() -> str | None:
@@ -137,8 +146,7 @@ def _register_renamed_children(parent: str) -> None:
     already in ``sys.modules`` is never loaded, so its parent keeps its attributes.
     """
     real_parent = sys.modules[parent].__name__
-    children = [n for known in (table.POPXL, table.POPXL_ADDONS, table.POPTORCH) for n in known
-                if n.rpartition(".")[0] == parent]
+    children = [n for known in table.TABLES for n in known if n.rpartition(".")[0] == parent]
     if parent == "popxl.ops":
         children += [f"popxl.ops.{f}" for f in table.OP_FILES]
     for child in children:
@@ -157,7 +165,7 @@ _ATTRIBUTES_SET: list[tuple[ModuleType, str]] = []
 
 
 class CompatFinder(importlib.abc.MetaPathFinder):
-    """Finds ``popxl``, ``popxl_addons`` and ``poptorch`` modules as ipuxl's."""
+    """Finds ``popxl``, ``popxl_addons``, ``poptorch``, ``popdist`` and ``popart`` modules as ipuxl's."""
 
     def find_spec(self, fullname: str, path: Sequence[str] | None = None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
@@ -180,7 +188,7 @@ def is_installed() -> bool:
 
 
 def install() -> None:
-    """Make ``popxl``, ``popxl_addons`` and ``poptorch`` import ipuxl's modules.
+    """Make ``popxl``, ``popxl_addons``, ``poptorch``, ``popdist`` and ``popart`` import ipuxl's modules.
 
     Idempotent. Raises:
         CompatImportError: one of those packages is already imported (the real one,
@@ -196,7 +204,7 @@ def install() -> None:
 
 
 def uninstall() -> None:
-    """Undo ``install()``: remove the hook and every ``popxl``/``popxl_addons``/``poptorch`` alias."""
+    """Undo ``install()``: remove the hook and every alias it made (``popxl``, ``popxl_addons``...)."""
     if is_installed():
         sys.meta_path.remove(_FINDER)
     for name in [n for n in sys.modules if n.partition(".")[0] in table.ROOTS]:

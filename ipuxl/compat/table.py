@@ -1,19 +1,31 @@
-"""Which ipuxl module stands for each module of PopXL, popxl.addons and PopTorch.
+"""Which ipuxl module stands for each module of PopXL, popxl.addons, PopTorch, PopDist and PopART.
 
-Three tables, one per upstream package, map an upstream module path to the ipuxl
+Five tables, one per upstream package, map an upstream module path to the ipuxl
 module that provides its names (``None``: upstream has the module, ipuxl does not
 yet). A ``popxl`` or ``popxl_addons`` path missing from its table maps by name
 (``popxl.X`` -> ``ipuxl.X``, ``popxl_addons.X`` -> ``ipuxl.addons_compat.X``); ``poptorch`` is
 ``ipuxl.poptorch_compat`` (PopTorch's own namespace, apart from PopXL's) and only its
 listed paths exist. ``popxl.ops.<file>`` (PopXL has one file per op) maps to the ipuxl
-module that defines the op named in ``OP_FILES``, found when imported.
+module that defines the op named in ``OP_FILES``, found when imported. ``popdist`` is
+``ipuxl.popdist`` (its paths map by name); ``popart`` is ``ipuxl.popart_compat``, the few
+PopART names programs use, and only its listed paths exist (``popart._internal``,
+PopART's C++ IR, cannot).
 """
 from __future__ import annotations
 
-__all__ = ["POPXL", "POPXL_ADDONS", "POPTORCH", "OP_FILES", "ROOTS"]
+__all__ = ["POPXL", "POPXL_ADDONS", "POPTORCH", "POPDIST", "POPART", "TABLES", "LISTED_ONLY", "OP_FILES", "ROOTS",
+           "PACKAGE_NAMES"]
 
 #: upstream top-level package -> the ipuxl module it is
-ROOTS: dict[str, str] = {"popxl": "ipuxl", "popxl_addons": "ipuxl.addons_compat", "poptorch": "ipuxl.poptorch_compat"}
+ROOTS: dict[str, str] = {"popxl": "ipuxl", "popxl_addons": "ipuxl.addons_compat", "poptorch": "ipuxl.poptorch_compat",
+                         "popdist": "ipuxl.popdist", "popart": "ipuxl.popart_compat"}
+
+#: upstream top-level package -> its name in messages
+PACKAGE_NAMES: dict[str, str] = {"popxl": "PopXL", "popxl_addons": "popxl.addons", "poptorch": "PopTorch",
+                                 "popdist": "PopDist", "popart": "PopART"}
+
+#: packages of which only the listed paths exist (others are not mapped by name)
+LISTED_ONLY = ("poptorch", "popart")
 
 POPXL: dict[str, str | None] = {
     "popxl.context": "ipuxl.ir.context",
@@ -49,8 +61,9 @@ POPXL: dict[str, str | None] = {
     "popxl.tensorlocation": "ipuxl.ir.remote",
     "popxl.ops.collectives.replica_sharded_slice": "ipuxl.ops.collectives",
     "popxl.ops.collectives.replicated_slice": "ipuxl.ops.collectives",
-    "popxl.transforms.merge_exchange": None,
-    "popxl.transforms.decompose_sum": None,
+    "popxl.transforms.merge_exchange": "ipuxl.transforms",
+    "popxl.transforms.io_tile_exchange": "ipuxl.transforms",
+    "popxl.transforms.decompose_sum": "ipuxl.transforms",
 }
 
 #: PopXL's op files (``popxl/ops/<file>.py``) -> an op each defines
@@ -78,23 +91,35 @@ OP_FILES: dict[str, str] = {
 }
 
 POPXL_ADDONS: dict[str, str | None] = {
-    "popxl_addons.layers": "ipuxl.addons_compat.layers",
-    "popxl_addons.layers.linear": "ipuxl.addons_compat.layers",
-    "popxl_addons.layers.layer_norm": "ipuxl.addons_compat.layers",
-    "popxl_addons.layers.embedding": "ipuxl.addons_compat.layers",
-    "popxl_addons.layers.conv": "ipuxl.addons_compat.layers",
-    "popxl_addons.layers.group_norm": "ipuxl.addons_compat.layers",
-    "popxl_addons.layers.layer_norm_distributed": None,
     "popxl_addons.layers.linear_fp8": None,
-    "popxl_addons.layers.linear_gq": None,
     "popxl_addons.ops.cross_entropy": "ipuxl.addons_compat.ops",
+    "popxl_addons.ops.replicated_all_reduce_TP.replicated_all_reduce_TP":
+        "ipuxl.addons_compat.ops.replicated_all_reduce_TP",
+    "popxl_addons.ops.cross_entropy_sharded_loss.cross_entropy_sharded_loss":
+        "ipuxl.addons_compat.ops.cross_entropy_sharded_loss",
+    "popxl_addons.ops.layer_norm_distributed.layer_norm_distributed":
+        "ipuxl.addons_compat.ops.layer_norm_distributed",
+    "popxl_addons.ops.rotary_pos_embed.rotary_pos_embed": "ipuxl.addons_compat.ops.rotary_pos_embed",
+    "popxl_addons.ops.grad_reduce_square_add.grad_reduce_square_add": "ipuxl.addons_compat.ops.grad_reduce_square_add",
+    "popxl_addons.ops.group_quantize_decompress.group_quantize_decompress":
+        "ipuxl.addons_compat.ops.group_quantize_decompress",
+    "popxl_addons.ops.replicated_strided_collectives.replicated_all_gather_strided":
+        "ipuxl.addons_compat.ops.replicated_strided_collectives",
+    "popxl_addons.ops.replicated_strided_collectives.replicated_reduce_scatter_strided":
+        "ipuxl.addons_compat.ops.replicated_strided_collectives",
+    "popxl_addons.ops.replicated_strided_collectives.replicated_all_reduce_strided":
+        "ipuxl.addons_compat.ops.replicated_strided_collectives",
+    "popxl_addons.ops.fp8_amax_scale": None,
+    "popxl_addons.ops.fp8_mse_scale": None,
+    "popxl_addons.ops.fp8_utils": None,
+    "popxl_addons.ops.static_sparse_ops": None,
+    "popxl_addons.ops.linear_layout": None,
     "popxl_addons.debugging": None,
     "popxl_addons.graph_common": None,
     "popxl_addons.input_factory": None,
     "popxl_addons.remote": "ipuxl.addons_compat.remote",
     "popxl_addons.route_tensor": None,
     "popxl_addons.rts": "ipuxl.addons_compat.rts",
-    "popxl_addons.transforms.available_memory_proportion": None,
     "popxl_addons.transforms.batch_serialisation": "ipuxl.addons_compat.transforms.batch_serialisation",
     "popxl_addons.transforms.phased": None,
     "popxl_addons.transforms.pipelining": "ipuxl.addons_compat.transforms.pipelining",
@@ -118,3 +143,17 @@ POPTORCH: dict[str, str | None] = {
     "poptorch.testing": None,
     "poptorch.poptorch_core": None,
 }
+
+POPDIST: dict[str, str | None] = {
+    "popdist.popart": "ipuxl.popdist.popart",
+    "popdist.poptorch": "ipuxl.popdist.poptorch",
+    "popdist.tensorflow": None,
+}
+
+POPART: dict[str, str | None] = {
+    "popart._internal": None,  # PopART's C++ IR: no reimplementation can provide it
+    "popart._internal.ir": None,
+}
+
+#: every table, for lookups across them
+TABLES: tuple[dict[str, str | None], ...] = (POPXL, POPXL_ADDONS, POPTORCH, POPDIST, POPART)

@@ -9,7 +9,8 @@ checking that the program fits the replica count:
 - the processes (``torchrun``'s world, or just this one) split the R replicas into
   equal consecutive blocks, so the world size must divide R (a program with one
   replica is not split: each process runs its own copy, e.g. an evaluation);
-- every collective's group (stride x group size) must divide R;
+- every collective's group (stride x group size) must divide R, and no TP all-reduce
+  with identical inputs is left (popxl.addons' patterns make them identities);
 - each replica's initial variable values follow the variable's replica grouping
   (one value per group, or the same value everywhere).
 """
@@ -20,10 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch.fx as fx
 
-from ipuxl.errors import ReplicationError
+from ipuxl.errors import DeviceError, ReplicationError
 from ipuxl.ir.ir import Ir, VariableRecord
 from ipuxl.ir.meta import COLLECTIVE_OPS, OP, SOURCE
 from ipuxl.ir.world import world
+from ipuxl.kernels import tp_collectives
 
 __all__ = ["ReplicaPlan", "plan_replicas"]
 
@@ -48,7 +50,7 @@ class ReplicaPlan:
     def initial_value(self, record: VariableRecord, replica: int) -> np.ndarray:
         """Replica ``replica``'s initial value of a variable."""
         grouping = record.replica_grouping(self.replication_factor)
-        return record.data[grouping.assignment[replica]] if grouping.num_groups > 1 else record.data
+        return np.asarray(record.data[grouping.assignment[replica]]) if grouping.num_groups > 1 else record.data
 
 
 def plan_replicas(ir: Ir) -> ReplicaPlan:
@@ -72,6 +74,7 @@ def plan_replicas(ir: Ir) -> ReplicaPlan:
     for graph in ir.graphs:
         for node in graph.fx.nodes:
             if node.meta.get(OP) in COLLECTIVE_OPS:
+                _refuse_identity_candidate(graph.name, node)
                 stride, size = _group_args(node)
                 if replicas % (stride * size):
                     raise ReplicationError(
@@ -86,6 +89,17 @@ def plan_replicas(ir: Ir) -> ReplicaPlan:
                 where=record.tensor.node.meta.get(SOURCE),
                 fix="set the Ir's replication factor before creating variables with replica groupings")
     return ReplicaPlan(replicas, processes, rank)
+
+
+def _refuse_identity_candidate(graph_name: str, node: fx.Node) -> None:
+    """A TP all-reduce with identical inputs must have become an identity (PopART refuses to
+    lower one: ``ipuxl.kernels.tp_collectives``)."""
+    if tp_collectives.can_be_replaced_by_identity(node.target, tuple(node.args)):
+        raise DeviceError(
+            f"{node.meta[OP]} '{node.name}' in graph '{graph_name}' has identical inputs and must be an identity: "
+            f"{tp_collectives.PATTERN_NEEDED}", where=node.meta.get(SOURCE),
+            fix="call popxl_addons.patterns.apply_pre_alias_patterns(ir) (level 'default' or 'all') after autodiff "
+                "and before creating the Session")
 
 
 def _group_args(node: fx.Node) -> tuple[int, int]:

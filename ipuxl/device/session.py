@@ -58,6 +58,7 @@ from ipuxl.errors import (
 from ipuxl.ir.aliases import storage_owner, written_nodes
 from ipuxl.ir.calls import call_nodes, does_host_io, reachable_graphs, transfer_counts
 from ipuxl.ir.context import user_source_line
+from ipuxl.log import logger
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.ir import Ir
 from ipuxl.ir.meta import BY_REF_ARGS, ROLE, SOURCE, STREAM, Role
@@ -138,6 +139,7 @@ class Session:
         self._d2h = [s for s in self._streams if isinstance(s, DeviceToHostStream)]
         self._written_inputs = _written_streams(ir)
         self._progress = [0] * len(self._plan.local)  # steps each local replica completed in the last run
+        self._warned_short_transfers = False
         self._failed_run: IpuxlError | None = None  # the error of this session's last failed run, for __exit__
 
     # -- reports, profile, code ---------------------------------------------------------
@@ -325,7 +327,7 @@ class Session:
         n = self._built.steps
         loaded = {s: self._stream_input(s, data.get(s), downcast).reshape(n, *s.shape) for s in self._h2d}
         outputs: dict[Stream, torch.Tensor] = {
-            s: torch.empty((n, *s.shape), dtype=s.spec.dtype, device=self.device) for s in self._d2h}
+            s: self._output_buffer(s, (n, *s.shape)) for s in self._d2h}
         buffers = [loaded[s] if isinstance(s, HostToDeviceStream) else outputs[s] for s in self._streams]
         self._execute(self._forwards[0], buffers, 0)
         return [outputs[s] for s in self._d2h]
@@ -335,7 +337,7 @@ class Session:
         n, local = self._built.steps, self._plan.local
         loaded = {s: self._stream_input(s, data.get(s), downcast) for s in self._h2d}  # (n, local, *shape)
         outputs: dict[Stream, torch.Tensor] = {
-            s: torch.empty((n, len(local), *s.shape), dtype=s.spec.dtype, device=self.device) for s in self._d2h}
+            s: self._output_buffer(s, (n, len(local), *s.shape)) for s in self._d2h}
 
         def work(i: int) -> Callable[[], None]:
             buffers = [(loaded[s] if isinstance(s, HostToDeviceStream) else outputs[s])[:, i] for s in self._streams]
@@ -371,11 +373,17 @@ class Session:
         self._progress[index] = self._built.steps
 
     def _check_transfer_counts(self) -> None:
-        """Refuse a program that loads or stores a stream other than ``num_host_transfers`` times."""
+        """Refuse a program that loads or stores a stream more than ``num_host_transfers``
+        times per run; warn (once) when no stream takes all of them.
+
+        A stream transferred k < n times reads (or fills) the first k of its n slices each
+        run, as PopART's step IO does (Graphcore's applications load the learning rate once
+        while the batch streams take one slice per accumulation step). Slices a stream does
+        not fill stay zero. When no stream takes the n transfers, it is logged."""
         n = self._built.steps
-        for stream in self._h2d + self._d2h:
-            count = self._transfers[stream]
-            if count == n:
+        counts = {s: self._transfers[s] for s in self._h2d + self._d2h}
+        for stream, count in counts.items():
+            if count <= n:
                 continue
             verb, op = ("loaded", "host_load") if isinstance(stream, HostToDeviceStream) else ("stored", "host_store")
             raise StreamInputError(
@@ -386,6 +394,19 @@ class Session:
                 fix=f"set ir.num_host_transfers = {count} before creating the Session, or change the program "
                     f"to {op} '{stream.name}' {n} times per run (e.g. ops.repeat(step_graph, {n}) with the "
                     f"{op} in the body)")
+        if counts and n not in counts.values() and not self._warned_short_transfers:
+            self._warned_short_transfers = True
+            short = ", ".join(f"'{s.name}' {c}" for s, c in counts.items())
+            logger.warning(f"Session.run: ir.num_host_transfers is {n} but no stream is transferred {n} times per "
+                           f"run ({short}): each run uses only the first slices of every stream (PopART's step "
+                           f"IO); set ir.num_host_transfers to the transfers per run, or ops.repeat the step "
+                           f"(created at {self._built.created_at})")
+
+    def _output_buffer(self, stream: DeviceToHostStream, shape: tuple[int, ...]) -> torch.Tensor:
+        """The run's buffer of a stored stream: zeros where the program stores it fewer times
+        than ``num_host_transfers`` (those slices stay as they are), else uninitialised."""
+        make = torch.zeros if self._transfers[stream] < self._built.steps else torch.empty
+        return make(shape, dtype=stream.spec.dtype, device=self.device)
 
     # -- the IR the session compiled ------------------------------------------------------------
     def _check_unchanged_ir(self) -> None:

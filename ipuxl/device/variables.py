@@ -179,7 +179,7 @@ class DeviceVariables:
                 self.memory.forget_gathered(tensor)  # torchrun: other processes' shards are pre-write
                 continue
             row = self._host_row(record, replica)
-            variables[attr].copy_(torch.from_numpy(host if row is None else host[row]))
+            variables[attr].copy_(torch.from_numpy(np.asarray(host if row is None else host[row])))  # a 0-d row too
             self.memory.forget_gathered(tensor)  # torchrun: other processes' values are pre-write
 
     # -- user reads and writes ------------------------------------------------------------------

@@ -118,6 +118,18 @@ class Graph:
         """The graph's constants (their data: ``constant_data``, by ``get_attr`` target)."""
         return tuple(t for t in self.tensors if isinstance(t, Constant))
 
+    @property
+    def _ir(self) -> "Ir":
+        """The graph's IR under PopXL's attribute name (``graph._ir``), which programs read."""
+        return self.ir
+
+    @property
+    def called_graphs(self) -> list["Graph"]:
+        """The graphs this graph calls directly (``ops.call``, ``ops.repeat``), each once (PopXL's)."""
+        from ipuxl.ir.calls import called_graphs  # calls reads graphs: bind late
+
+        return called_graphs(self)
+
     def get_tensor(self, tensor_id: str) -> Tensor:
         """The tensor whose ``id`` (``graph/name``) or name is ``tensor_id``.
 

@@ -13,7 +13,7 @@ from ipuxl.ir.graph_builder import build_graph
 from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream, Stream
 from ipuxl.ir.tensor import Variable
-from ipuxl.ir.world import world
+from ipuxl.ir.world import total_replicas, world
 
 if TYPE_CHECKING:
     from ipuxl.ir.popart_options import PopartIr
@@ -48,9 +48,10 @@ class Ir:
 
     Args:
         replication: number of data-parallel replicas (``replication_factor``), or
-            ``"popdist"``: one replica per process of the launcher's world (torchrun's
-            ``WORLD_SIZE``; 1 when not launched by it), as PopXL takes the total
-            replica count from popdist.
+            ``"popdist"``: popdist's total replica count (``ipuxl.ir.world.total_replicas``:
+            one replica per process of torchrun's world unless PopRun's
+            ``POPDIST_NUM_*_REPLICAS`` variables say otherwise; 1 when not launched), as
+            PopXL takes it from popdist.
 
     Example:
         >>> import ipuxl, ipuxl.ops as ops
@@ -64,7 +65,7 @@ class Ir:
 
     def __init__(self, replication: int | Literal["popdist"] = 1):
         self.id = next(Ir._ids)
-        self.replication_factor = world()[0] if replication == "popdist" else replication
+        self.replication_factor = total_replicas() if replication == "popdist" else replication
         self.num_host_transfers = 1
         self.graphs: list[Graph] = []
         self._subgraph_count = 0

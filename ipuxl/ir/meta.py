@@ -97,4 +97,4 @@ class Role:
 #: ``OP`` values of the collectives (``ops.collectives``): ops whose result depends on
 #: every replica, which passes keep in order and autodiff refuses.
 COLLECTIVE_OPS = ("replicated_all_reduce", "replicated_all_reduce_", "replicated_reduce_scatter",
-                  "replicated_all_gather")
+                  "replicated_all_gather", "replicated_all_reduce_TP")

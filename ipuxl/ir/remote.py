@@ -277,15 +277,25 @@ def replica_sharded_buffer(tensor_shape: tuple[int, ...], dtype: DTypeLike,
                            entries: int = 1) -> RemoteBuffer:
     """A remote buffer for tensors of ``tensor_shape`` sharded over ``shard_over`` replicas (PopXL's).
 
-    Each slot holds one shard, ``(ceil(nelms / shard_over),)``; ``meta_shape`` is
-    ``tensor_shape``. ``shard_over`` defaults to the group size of ``replica_grouping``
-    (default: all replicas).
+    As PopXL, ``tensor_shape`` is the variable's host shape: with a grouping of G > 1
+    groups it leads with the group dimension, ``(G, *shape)``, and a slot holds a shard
+    of one group's tensor. Each slot holds one shard, ``(ceil(nelms / shard_over),)`` of
+    the per-group ``shape``, which is the buffer's ``meta_shape``. ``shard_over`` defaults
+    to the group size of ``replica_grouping`` (default: all replicas).
 
     Raises:
         InvalidValueError: ``shard_over`` does not divide the group size.
+        ShapeMismatchError: G > 1 groups and ``tensor_shape`` does not lead with G.
     """
     grouping, over = _sharding("replica_sharded_buffer", replica_grouping, shard_over)
     full = tuple(int(d) for d in tensor_shape)
+    if grouping.num_groups > 1:
+        if not full or full[0] != grouping.num_groups:
+            raise ShapeMismatchError(
+                f"replica_sharded_buffer: {grouping} has {grouping.num_groups} groups, so tensor_shape must lead with "
+                f"the group dimension {grouping.num_groups}, got {full}", where=context.user_source_line(),
+                fix=f"pass ({grouping.num_groups}, *shape): the host shape of a variable with one value per group")
+        full = full[1:]
     buffer = RemoteBuffer((shard_size(math.prod(full), over),), dtype, entries)
     buffer.meta_shape = full
     buffer.shard_over, buffer.replica_grouping = over, grouping

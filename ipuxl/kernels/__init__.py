@@ -14,8 +14,9 @@ reaches into the other:
   ops (registered on import);
 - ``collectives``: exact collectives across replicas, run through the exchange the
   device installs while a replica runs;
+- ``tp_collectives``: popxl.addons' tensor-parallel all-reduce and its gradient rules;
 - ``host_io``: host loads and the per-stream cursors a run reads them from.
 """
-from ipuxl.kernels import collectives, host_io, random, var_updates
+from ipuxl.kernels import collectives, host_io, random, tp_collectives, var_updates
 
-__all__ = ["collectives", "host_io", "random", "var_updates"]
+__all__ = ["collectives", "host_io", "random", "tp_collectives", "var_updates"]

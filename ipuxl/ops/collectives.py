@@ -52,6 +52,12 @@ def _check(op_name: str, t: Tensor, op: str | None, group: ReplicaGrouping | Non
     return group
 
 
+def check_group(op_name: str, t: Tensor, op: str | None, group: ReplicaGrouping | None) -> ReplicaGrouping:
+    """The grouping a collective ``op_name`` of ``t`` runs over (default: all replicas), checked
+    as the collectives here check theirs; for ops built on them elsewhere (popxl.addons')."""
+    return _check(op_name, t, op, group)
+
+
 def _axis_and_group(op_name: str, axis: Any, group: ReplicaGrouping | None) -> tuple[int, ReplicaGrouping | None]:
     """A ``ReplicaGrouping`` in the axis place is the group (PopXL 3.0-3.2's ``(t, group)``
     signature of ``replicated_all_gather``); any other axis must be an int."""

@@ -32,10 +32,18 @@ def _alias(op_name: str, target: Any, args: tuple[Any, ...], t: Tensor, *, name:
 
     The result is recorded as an in-place result of ``t`` (``MODIFIES``) that writes
     nothing, so lowering never copies it (it copies plain views that are written).
+
+    ``t`` may be the result of an out-of-place op that ipuxl computes as a view of its
+    input (``transpose``): in PopXL that result is a tensor of its own, so a reshape of
+    it is allowed; when its layout cannot be viewed so, the result is a reshaped copy
+    (writes through it then do not reach ``t``, which nothing in PopXL code reads
+    after reshaping it in place).
     """
     if check_view:
         probe = torch.empty_like(t.node.meta["val"], device="meta")
         out = target(probe, *args[1:])
+        if out._base is not probe and VIEW_OF in t.node.meta:
+            return emit(op_name, target, args, name=name)
         if out._base is not probe:
             raise ShapeMismatchError(
                 f"op '{op_name}' of {t.name!r} {t.shape}: the result cannot share the input's storage "

@@ -136,8 +136,9 @@ def autodiff(graph: Graph, grads_provided: Iterable[Tensor] | None = None,
     return {graph: info, **_differentiated_callees(graph)}
 
 
-#: Collectives with a gradient rule (``replicated_all_gather``: a reduce-scatter, as in PopXL).
-DIFFERENTIABLE_COLLECTIVES = ("replicated_all_gather",)
+#: Collectives with a gradient rule (``replicated_all_gather``: a reduce-scatter, as in PopXL;
+#: popxl.addons' ``replicated_all_reduce_TP``: see ``ipuxl.kernels.tp_collectives``).
+DIFFERENTIABLE_COLLECTIVES = ("replicated_all_gather", "replicated_all_reduce_TP")
 
 
 def _refuse_collectives(graph: Graph) -> None:

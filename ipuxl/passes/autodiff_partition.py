@@ -25,6 +25,7 @@ from ipuxl.ir.fx_import import copy_fx_body, returns_view
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.meta import NAME, OP
 from ipuxl.ir.tensor import Tensor
+from ipuxl.kernels import tp_collectives
 
 __all__ = ["FWD_TAG", "BWD_TAG", "check_gradient_paths", "tag_forward", "recompute_input_views",
            "rewrite_forward", "build_grad_graph", "output_args"]
@@ -140,7 +141,8 @@ def rewrite_forward(graph: Graph, fw: fx.GraphModule, n_fwd: int) -> list[tuple[
         fresh.meta.update(handle.node.meta)
         env[node] = node_map[handle.node] = fresh
     copy_fx_body(fw, new, env, graph.constant_data, graph.ir, replaces=graph.fx)
-    _tag_all_gathers(new)
+    _tag_traced_collectives(new)
+    _reshape_views(new)
     outputs = output_args(fw.graph)
     for handle, node in zip(graph.outputs, outputs[:n_fwd]):
         node_map.setdefault(handle.node, env[node])  # an input returned as it is is mapped already
@@ -148,12 +150,28 @@ def rewrite_forward(graph: Graph, fw: fx.GraphModule, n_fwd: int) -> list[tuple[
     return [(node.name, _saved_tensor(graph, env[node])) for node in outputs[n_fwd:]]
 
 
-def _tag_all_gathers(fx_graph: fx.Graph) -> None:
-    """Mark traced all-gathers as the collectives they are (the passes and the replica plan
-    find collectives by ``OP``); their arguments keep ``ops.collectives``' order."""
+def _tag_traced_collectives(fx_graph: fx.Graph) -> None:
+    """Mark traced collectives (all-gathers, TP all-reduces) as the collectives they are (the
+    passes and the replica plan find collectives by ``OP``); their arguments keep the order
+    of the ops that built them."""
     for node in fx_graph.nodes:
         if node.target in (torch.ops.ipuxl.all_gather, torch.ops.ipuxl.all_gather.default):
             node.meta[OP] = "replicated_all_gather"
+        elif node.target in tp_collectives.TP_ALL_REDUCE_TARGETS:
+            node.meta[OP] = "replicated_all_reduce_TP"
+
+
+def _reshape_views(fx_graph: fx.Graph) -> None:
+    """Make traced ``view`` ops ``reshape`` ops.
+
+    A PopXL caller may pass a graph a non-contiguous tensor (a slice of a transpose)
+    where the trace saw a contiguous one, and ``view`` fails on it; ``reshape`` is the
+    same view when the strides allow one and a copy otherwise, which the graph's value
+    semantics (no in-place writes after functionalization) cannot tell apart.
+    """
+    for node in fx_graph.nodes:
+        if node.target is torch.ops.aten.view.default:
+            node.target = torch.ops.aten.reshape.default
 
 
 def _saved_tensor(graph: Graph, node: fx.Node) -> Tensor:
@@ -181,6 +199,8 @@ def build_grad_graph(graph: Graph, bw: fx.GraphModule, provided: list[Tensor],
         handle = grad.add_input(t.spec, t.name)
         env[placeholders[name]] = handle.node
     copy_fx_body(bw, grad.fx, env, grad.constant_data, graph.ir)
+    _tag_traced_collectives(grad.fx)
+    _reshape_views(grad.fx)
     outputs = []
     for node, fwd_input in zip(output_args(bw.graph), required):
         out = env[node]

@@ -6,6 +6,7 @@ numpy and eager torch are the oracles; each behaviour is upstream's (graphcore/p
 from __future__ import annotations
 
 import logging
+import os
 from functools import partial
 
 import numpy as np
@@ -22,7 +23,7 @@ from ipuxl.addons_compat.named_replica_grouping import get_instance_replica_grou
 from ipuxl.addons_compat.optimizers.adam import AdamOptimizerStep
 from ipuxl.addons_compat.task_session import TaskSession
 from ipuxl.addons_compat.testing_utils import TensorInput, run_module
-from ipuxl.errors import CheckpointError, InvalidArgumentError, ReplicationError
+from ipuxl.errors import CheckpointError, InvalidArgumentError, InvalidValueError, ReplicationError
 
 rng = np.random.default_rng(0)
 
@@ -193,7 +194,7 @@ def test_run_module_runs_a_layer_with_given_weights():
     assert z.shape == (3, 2) and z.dtype == np.float32
 
 
-def _task_session(seed: int):
+def _task_session(seed: int, max_checkpoints: int = 1) -> TaskSession:
     np.random.seed(seed)
     ir = ipuxl.Ir()
     with ir.main_graph:
@@ -204,37 +205,73 @@ def _task_session(seed: int):
         (y,) = graph.bind(variables).call(x)
         outputs = addons.OutputStreams(y=((2, 3), ipuxl.float32))
         ops.host_store(outputs.y, y)
-    return TaskSession(inputs, [outputs.y], variables, ir, "cpu")
+    return TaskSession(inputs, [outputs.y], variables, max_checkpoints, ir=ir, device_desc="cpu")
 
 
-def test_task_session_checkpoints_and_copies_variables_by_name(tmp_path, caplog):
+class _Loader:
+    """A data loader with the state interface TaskSession checkpoints (save, resume)."""
+
+    def __init__(self):
+        self.position = 0
+
+    def save(self, filename):
+        np.save(filename + ".npy", np.array(self.position))
+        os.replace(filename + ".npy", filename)
+
+    def resume(self, filename):
+        self.position = int(np.load(filename))
+
+
+def test_task_session_checkpoints_and_copies_variables_by_name(tmp_path, caplog, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # upstream keeps checkpoint paths relative to the working directory
     first, second = _task_session(0), _task_session(1)
     assert isinstance(second.outputs, addons.OutputStreams) and second.outputs.y.shape == (2, 3)
     x = rng.standard_normal((2, 4)).astype(np.float32)
-    path = str(tmp_path / "ckpt" / "model.npz")
-    first.save_checkpoint(path)
+    first.dataloader = loader = _Loader()
+    loader.position = 7
+    with first:
+        first.run({first.inputs.x: x})
+        first.add_session_state_info({"epoch": 2})
+        first.save_checkpoint("ckpt/step_1")
+    assert sorted(os.listdir(tmp_path / "ckpt/step_1")) == ["dataloader.bin", "model", "session_info.json"]
+    assert sorted(os.listdir(tmp_path / "ckpt/step_1/model")) == ["bias.npz", "weight.npz"]
+    second.dataloader = resumed = _Loader()
     with second:
         before = second.run({second.inputs.x: x})[second.outputs.y]
-        second.load_checkpoint(path)
+        second.load_checkpoint("ckpt/step_1")
         after = second.run({second.inputs.x: x})[second.outputs.y]
     with first:
         expected = first.run({first.inputs.x: x})[first.outputs.y]
     assert not np.allclose(before, expected)
     assert_close(torch.from_numpy(after), torch.from_numpy(expected))
+    assert resumed.position == 7 and second.session_state == {"steps": 2, "epoch": 2}  # steps: first's, loaded
+    named = first.get_named_tensors_data()
+    assert isinstance(named, addons.NamedTensorData) and set(named.keys()) == {"bias", "weight"}
     third = _task_session(2)
     third.load_from_session(first)
-    weights = first.get_tensors_data(first.model.tensors)
-    for name, t in third.model.to_dict().items():
-        np.testing.assert_array_equal(third.get_tensor_data(t), weights[first.model.to_dict()[name]])
-    np.savez(tmp_path / "other.npz", ckpt=np.array({"weight": weights[first.model.weight], "extra": np.zeros(1)},
-                                                     dtype=object))
-    with pytest.raises(CheckpointError, match=r"not in model: \['extra'\].*not in checkpoint: \['bias'\]"):
-        third.load_checkpoint(str(tmp_path / "other.npz"), report_missing="error")
+    for name, t in third.state.to_dict().items():
+        np.testing.assert_array_equal(third.get_tensor_data(t), named.to_dict()[name])
+
+
+def test_task_session_keeps_max_checkpoints_and_reports_missing_names(tmp_path, caplog, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    session = _task_session(0, max_checkpoints=2)
+    for step in range(3):
+        session.save_checkpoint(f"ckpt/{step}")
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["1", "2"]  # the oldest is deleted
+    os.remove(tmp_path / "ckpt/2/model/bias.npz")
+    np.savez(tmp_path / "ckpt/2/model/extra.npz", extra=np.zeros(1))
+    with pytest.raises(CheckpointError, match=r"not in state: \['extra'\].*not in checkpoint: \['bias'\]"):
+        session.load_checkpoint("ckpt/2", report_missing="error")
     with caplog.at_level(logging.WARNING):
-        third.load_checkpoint(str(tmp_path / "other.npz"))
-    assert "Model Tensors not in checkpoint: ['bias']" in caplog.text
+        session.load_checkpoint("ckpt/2")
+    assert "state keys not in checkpoint: ['bias']" in caplog.text
+    with pytest.raises(CheckpointError, match="no checkpoint in 'nowhere'"):
+        session.load_checkpoint("nowhere")
     with pytest.raises(InvalidArgumentError, match="Weights & Biases"):
-        third.save_checkpoint("wandb://run/model")
+        session.save_checkpoint("wandb://run/model")
+    with pytest.raises(InvalidValueError, match="must implement save and resume"):
+        session.dataloader = object()
 
 
 # -- optimisers package -------------------------------------------------------------------------------

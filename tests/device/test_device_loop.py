@@ -6,6 +6,8 @@ Eager torch is the oracle: each test replays the same slices in a plain Python l
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -235,17 +237,40 @@ def test_a_device_loop_with_replication_gives_each_replica_its_slices():
 
 
 # -- a program that transfers a stream another number of times than num_host_transfers ---------
-def test_loading_a_stream_fewer_times_than_num_host_transfers_is_refused():
-    ir, x_stream, _, w = _sgd_loop_program(3)
+def test_a_stream_loaded_fewer_times_than_num_host_transfers_uses_its_first_slices(caplog):
+    """As PopART's step IO: 3 loads per run with num_host_transfers 5 read slices 0-2 of
+    each run's data; the 2 stored slices no op fills stay zero; no stream takes all 5
+    transfers, so it is logged."""
+    ir, x_stream, y_stream, w = _sgd_loop_program(3)
     ir.num_host_transfers = 5
-    with ipuxl.Session(ir, "cpu") as session:
-        with pytest.raises(StreamInputError) as info:
-            session.run({x_stream: _data(5, 2, 3)})
-        assert_close(session.get_tensor_data(w), _data(3, 4, seed=1))  # nothing ran
-    message = str(info.value)
-    assert "stream 'x' is loaded 3 time(s) per run" in message
-    assert "ir.num_host_transfers is 5" in message
-    assert "set ir.num_host_transfers = 3" in message and "ops.repeat(step_graph, 5)" in message
+    xs = _data(5, 2, 3)
+    with caplog.at_level(logging.WARNING, logger="ipuxl"), ipuxl.Session(ir, "cpu") as session:
+        ys = session.run({x_stream: xs})[y_stream]
+        w_end = session.get_tensor_data(w)
+    want_ys, want_w = _eager_sgd(xs[:3], _data(3, 4, seed=1))
+    assert_close(torch.tensor(ys[:3]), want_ys, rtol=1e-5, atol=1e-5)
+    assert_close(torch.tensor(ys[3:]), torch.zeros(2, 2, 4))
+    assert_close(torch.tensor(w_end), want_w, rtol=1e-5, atol=1e-5)
+    assert "no stream is transferred 5 times per run ('x' 3, 'y' 3)" in caplog.text
+
+
+def test_a_per_run_stream_beside_per_step_streams_is_not_logged(caplog):
+    """A learning rate loaded once per run while the batches take every transfer (Graphcore's
+    applications): the rate reads slice 0, the batches all 4, and nothing is logged."""
+    ir = ipuxl.Ir()
+    ir.num_host_transfers = 4
+    with ir.main_graph:
+        x_stream = ipuxl.h2d_stream((3,), F32, "x")
+        lr_stream = ipuxl.h2d_stream((), F32, "lr")
+        y_stream = ipuxl.d2h_stream((3,), F32, "y")
+        lr = ops.host_load(lr_stream)
+        step = ir.create_graph(lambda lr: ops.host_store(y_stream, ops.host_load(x_stream) * lr), lr)
+        ops.repeat(step, 4, lr)
+    xs = _data(4, 3)
+    with caplog.at_level(logging.WARNING, logger="ipuxl"), ipuxl.Session(ir, "cpu") as session:
+        ys = session.run({x_stream: xs, lr_stream: np.array([2.0, 9.0, 9.0, 9.0], np.float32)})[y_stream]
+    assert_close(ys, xs * 2.0)
+    assert "no stream is transferred" not in caplog.text
 
 
 def test_storing_a_stream_more_times_than_num_host_transfers_is_refused():

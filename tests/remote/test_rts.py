@@ -55,7 +55,8 @@ def test_each_replica_holds_its_shard_of_its_groups_value(replicas, grouping, sh
     ir = ipuxl.Ir(replication=replicas)
     with ir.main_graph:
         rg = ir.replica_grouping(stride, size) if grouping else None
-        buffer = ipuxl.replica_sharded_buffer(full_shape, F32, replica_grouping=rg, shard_over=shard_over)
+        host_shape = (len(groups), *full_shape) if len(groups) > 1 else full_shape  # PopXL: with the group dim
+        buffer = ipuxl.replica_sharded_buffer(host_shape, F32, replica_grouping=rg, shard_over=shard_over)
         w = ipuxl.remote_replica_sharded_variable(host, buffer, 0, name="w", replica_grouping=rg,
                                                   shard_over=shard_over)
         shard = ops.remote_load(buffer, 0)
@@ -77,7 +78,7 @@ def test_sharded_load_then_all_gather_restores_the_full_tensor():
     ir = ipuxl.Ir(replication=4)
     with ir.main_graph:
         group = ir.replica_grouping(stride=2, group_size=2)  # groups {0, 2} and {1, 3}, each sharded
-        buffer = ipuxl.replica_sharded_buffer((4, 3), F32, replica_grouping=group)
+        buffer = ipuxl.replica_sharded_buffer((2, 4, 3), F32, replica_grouping=group)  # 2 groups: leading dim
         ipuxl.remote_replica_sharded_variable(data, buffer, 0, replica_grouping=group)
         full = ops.collectives.replicated_all_gather(ops.remote_load(buffer, 0), group=shard_grouping(group, 2))
         out = _store(full, "full")

@@ -27,6 +27,10 @@ class AdamOptimizerStep(Module):
     corrects their bias. The update ``m / (sqrt(v) + eps) + weight_decay * var`` is
     applied as ``var -= lr * update``. ``grad`` is first divided by ``loss_scaling``
     and, with ``global_norm``, scaled by ``global_norm_max / max(global_norm, global_norm_max)``.
+
+    A replica-sharded ``var`` (with a ``meta_shape``: each replica of ``replica_grouping``
+    holds a shard) gets replica-sharded moments, as upstream: each replica updates its
+    shard with its shard of the gradient.
     """
 
     @in_sequence()
@@ -37,23 +41,25 @@ class AdamOptimizerStep(Module):
               loss_scaling: float | Tensor = 1, global_norm: Tensor | None = None,
               global_norm_max: float | Tensor | None = None) -> None:
         weight = cast(Tensor, var)  # by reference: the caller's variable itself
-        if weight.meta_shape:
-            raise InvalidArgumentError(f"AdamOptimizerStep: '{weight.name}' is replica sharded (meta_shape "
-                                       f"{weight.meta_shape}), which ipuxl does not support",
-                                       where=context.user_source_line(), fix="pass an unsharded variable")
         grad = self._scaled(grad, loss_scaling, global_norm, global_norm_max)
         rg = replica_grouping or context.gcg().ir.replica_grouping()
-        first = self.add_variable_input("first_order", partial(np.zeros, weight.shape), first_order_dtype,
-                                        by_ref=True, replica_grouping=rg)
+        first = self._moment("first_order", weight, first_order_dtype, rg)
         ops.var_updates.accumulate_moving_average_(first, grad, f=beta1)
-        second = self.add_variable_input("second_order", partial(np.zeros, weight.shape), dtypes.float32,
-                                         by_ref=True, replica_grouping=rg)
+        second = self._moment("second_order", weight, dtypes.float32, rg)
         ops.var_updates.accumulate_moving_average_square_(second, grad, f=beta2)
         step = (self.add_variable_input("step", partial(np.zeros, ()), dtypes.float32, by_ref=True)
                 if bias_correction else None)
         updater = ops.var_updates.adam_updater(first, second, weight=weight, weight_decay=weight_decay,
                                                time_step=step, beta1=beta1, beta2=beta2, epsilon=eps)
         ops.scaled_add_(weight, updater, b=-lr)
+
+    def _moment(self, name: str, weight: Tensor, dtype: Any, rg: Any) -> Tensor:
+        """A by-reference moment of ``weight``'s shape (its shard's, sharded the same way)."""
+        if weight.meta_shape:
+            shard_over = int(np.prod(weight.meta_shape)) // weight.nelms
+            return self.add_replica_sharded_variable_input(name, partial(np.zeros, weight.meta_shape), dtype,
+                                                           by_ref=True, replica_grouping=rg, shard_over=shard_over)
+        return self.add_variable_input(name, partial(np.zeros, weight.shape), dtype, by_ref=True, replica_grouping=rg)
 
     @staticmethod
     def _scaled(grad: Tensor, loss_scaling: float | Tensor, global_norm: Tensor | None,

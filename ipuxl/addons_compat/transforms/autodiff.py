@@ -1,8 +1,14 @@
-"""popxl.addons' autodiff transforms: ``autodiff`` and ``autodiff_with_accumulation``."""
+"""popxl.addons' autodiff transforms: ``autodiff`` and ``autodiff_with_accumulation``.
+
+As upstream, the gradient graphs they make have PopART's default pre-alias patterns
+applied (``popxl_addons.patterns``): a tensor-parallel all-reduce whose gradient is an
+identity is one in the gradient graph at once, while the forward graph keeps its ops
+until ``apply_pre_alias_patterns(ir)``.
+"""
 from __future__ import annotations
 
 from functools import partial
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -10,6 +16,8 @@ from ipuxl import transforms
 from ipuxl.addons_compat.dot_tree import sanitise
 from ipuxl.addons_compat.graph import GraphWithNamedArgs
 from ipuxl.addons_compat.named_tensors import NamedTensors
+from ipuxl.ir.graph import Graph
+from ipuxl.passes.op_to_identity import replace_ops_by_identity
 from ipuxl.addons_compat.variable_factory import NamedVariableFactories, VariableFactory, add_variable_input
 from ipuxl.errors import AutodiffError
 from ipuxl.ir.context import in_sequence
@@ -21,24 +29,39 @@ from ipuxl.ops import var_updates
 __all__ = ["autodiff", "autodiff_with_accumulation"]
 
 
+def _autodiff_with_patterns(graph: Graph, grads_provided: Iterable[Tensor] | None = None,
+                            grads_required: Iterable[Tensor] | None = None,
+                            called_graphs_grad_info: Mapping[Graph, GradGraphInfo] | None = None) -> GradGraphInfo:
+    """``transforms.autodiff``, then the default pre-alias patterns on every grad graph it made."""
+    infos = transforms.autodiff(graph, grads_provided=grads_provided, grads_required=grads_required,
+                                called_graphs_grad_info=called_graphs_grad_info, return_all_grad_graphs=True)
+    for info in infos.values():
+        replace_ops_by_identity(info.graph)
+    return infos[graph]
+
+
 def autodiff(graph: GraphWithNamedArgs, grads_provided: Iterable[Tensor] | None = None,
-             grads_required: Iterable[Tensor] | None = None) -> GraphWithNamedArgs:
+             grads_required: Iterable[Tensor] | None = None,
+             called_graphs_grad_info: Mapping[Graph, GradGraphInfo] | None = None) -> GraphWithNamedArgs:
     """The gradient graph of ``graph``, wrapped with its ``grad_graph_info``.
 
     See ``ipuxl.transforms.autodiff``: the forward graph gains outputs for the
     activations the gradient graph needs. A graph made by a Module that implements
     ``build_grad`` gets that hand-written gradient instead (``Module.create_grad_graph``).
+    ``called_graphs_grad_info`` is accepted as upstream; called graphs are differentiated
+    once, in place, whatever it holds (see ``ipuxl.transforms.autodiff``).
     """
     module = graph.from_module
     if module is not None and module.implements_grad_graph:
         return module.create_grad_graph(graph, grads_provided, grads_required)
-    info = transforms.autodiff(graph.graph, grads_provided=grads_provided, grads_required=grads_required)
+    info = _autodiff_with_patterns(graph.graph, grads_provided, grads_required, called_graphs_grad_info)
     return GraphWithNamedArgs.from_grad_graph(info)
 
 
 def autodiff_with_accumulation(graph: GraphWithNamedArgs, tensors_to_accumulate_grads: Iterable[Tensor],
                                grads_required: Iterable[Tensor] | None = None,
-                               replica_groupings: object = None) -> tuple[NamedVariableFactories, GraphWithNamedArgs]:
+                               called_graphs_grad_info: Mapping[Graph, GradGraphInfo] | None = None,
+                               replica_groupings: Any = None) -> tuple[NamedVariableFactories, GraphWithNamedArgs]:
     """Autodiff, then accumulate a running mean of some gradients in by-reference inputs.
 
     For each forward input in ``tensors_to_accumulate_grads`` the gradient graph gets
@@ -46,12 +69,19 @@ def autodiff_with_accumulation(graph: GraphWithNamedArgs, tensors_to_accumulate_
     ``accumulate_mean_(accum, grad, mean_accum_counter)`` instead of outputting the
     gradient; ``mean_accum_counter`` counts calls (reset it to restart the mean).
 
+    Args:
+        replica_groupings: a ``NamedReplicaGrouping`` by the forward inputs' names: an
+            accumulator of a named input gets its grouping (a sharded weight's gradient
+            is sharded as the weight); others are the same on all replicas.
+
     Returns:
         The factories of the accumulators and counter, and the gradient graph.
     """
     to_accumulate = list(tensors_to_accumulate_grads)
     required = list(grads_required or []) + [t for t in to_accumulate if t not in (grads_required or [])]
-    info = transforms.autodiff(graph.graph, grads_required=required)
+    groupings = replica_groupings.to_dict() if replica_groupings is not None else {}
+    info = _autodiff_with_patterns(graph.graph, grads_required=required,
+                                   called_graphs_grad_info=called_graphs_grad_info)
     names = {t: name for name, t in graph.args.named_tensors.items()}
     grad_graph = info.graph
     inputs: dict[str, Tensor] = {}
@@ -66,9 +96,11 @@ def autodiff_with_accumulation(graph: GraphWithNamedArgs, tensors_to_accumulate_
             if index is None:
                 raise AutodiffError(f"'{tensor.name}' is not an input of graph '{graph.graph.name}'",
                                     fix="accumulate gradients of the forward graph's inputs")
-            name = "accum." + names.get(tensor, sanitise(tensor.name))
+            arg_name = names.get(tensor, sanitise(tensor.name))
+            name = "accum." + arg_name
             accum, factories[name] = add_variable_input(
-                name, partial(np.zeros, tensor.shape, np.float32), tensor.dtype, by_ref=True)
+                name, partial(np.zeros, tensor.shape, np.float32), tensor.dtype, by_ref=True,
+                replica_grouping=groupings.get(arg_name))
             inputs[name] = accum
             var_updates.accumulate_mean_(accum, grad_graph.outputs[index], counter)
             removed.append(index)

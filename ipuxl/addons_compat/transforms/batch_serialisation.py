@@ -13,7 +13,13 @@ step ``i``:
 3. stores the tensors in ``store_streams`` / ``store_buffers`` the same way.
 
 A remote buffer is a matrix: ``steps`` columns (the batch index) and rows (one per
-layer sharing the graph, ``rows``); a ``row_offset`` of None always reads row 0.
+layer sharing the graph, ``rows``); a ``row_offset`` of None always reads row 0. A buffer
+handle is ``(buffer, row_offset)`` or popxl.addons' ``RemoteHandle(buffer, row_offset,
+shard_group)``: with a ``shard_group`` of more than one replica the buffer holds
+replica-sharded activations (``batch_serial_buffer(..., shard_group=g)``): each member
+stores its shard of the tensor (``replica_sharded_slice``) and a load gathers the
+shards back (``replicated_all_gather``), so every member of the group holds the whole
+tensor while Streaming Memory holds it once per group.
 ``batch_serialise_fwd_and_grad`` also stores the forward activations the gradient
 graph needs in new buffers and loads them in the gradient graph's loop.
 
@@ -26,7 +32,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Literal, Mapping, Sequence, TypeGuard, Union
+from typing import Any, Literal, Mapping, NamedTuple, Sequence, TypeGuard, Union
 
 from ipuxl.addons_compat.bound_args import SubsetBindGraph
 from ipuxl.addons_compat.graph import GraphWithNamedArgs
@@ -41,14 +47,28 @@ from ipuxl.ir.graph_builder import graph_input, graph_output
 from ipuxl.ir.meta import BY_REF
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream
 from ipuxl.ir.tensor import Tensor
+from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.ops.call import call_with_info, repeat
+from ipuxl.ops.collectives import replica_sharded_slice, replicated_all_gather
 from ipuxl.ops.host import host_load, host_store
 from ipuxl.ops.random import split_random_seed
 from ipuxl.ops.remote import remote_load, remote_store
 
-__all__ = ["batch_serialise", "batch_serialise_fwd_and_grad", "batch_serial_buffer", "BatchSerialResult"]
+__all__ = ["batch_serialise", "batch_serialise_fwd_and_grad", "batch_serial_buffer", "BatchSerialResult",
+           "RemoteHandle"]
 
-RemoteBufferAndOffset = tuple[Any, Union[int, None]]
+
+class RemoteHandle(NamedTuple):
+    """Where a batch-serialised tensor lives in Streaming Memory: ``buffer``, the row offset
+    (None: always row 0) and the replicas its shards are spread over (None or a group of
+    one: not sharded)."""
+
+    buffer: Any
+    row_offset: int | None = 0
+    shard_group: ReplicaGrouping | None = None
+
+
+RemoteBufferAndOffset = Union[RemoteHandle, tuple[Any, Union[int, None]]]
 LoadHandle = Union[HostToDeviceStream, RemoteBufferAndOffset]
 IoMode = Literal["compute", "io", "io_overlapped"]
 
@@ -71,23 +91,34 @@ class BatchSerialResult:
         return ts.remap(self._remap_dict)
 
 
-def batch_serial_buffer(t: Tensor, steps: int = 1, rows: int = 1) -> Any:
+def batch_serial_buffer(t: Tensor, steps: int = 1, rows: int = 1, shard_group: ReplicaGrouping | None = None) -> Any:
     """A remote buffer for ``t``'s spec with ``steps * rows`` entries (one per batch
-    step and row; batch serialisation grows it when it needs more)."""
-    from ipuxl.ir.remote import remote_buffer
+    step and row; batch serialisation grows it when it needs more). With a
+    ``shard_group`` of more than one replica, a replica-sharded buffer: each entry holds
+    one shard of ``t`` per member (``meta_shape`` is ``t``'s shape)."""
+    from ipuxl.ir.remote import remote_buffer, replica_sharded_buffer
 
+    if shard_group is not None and shard_group.group_size > 1:
+        host_shape = (shard_group.num_groups, *t.shape) if shard_group.num_groups > 1 else t.shape  # PopXL's layout
+        return replica_sharded_buffer(host_shape, t.dtype, replica_grouping=shard_group, entries=steps * rows)
     return remote_buffer(t.shape, t.dtype, steps * rows)
 
 
 def _is_buffer_handle(handle: Any) -> TypeGuard[RemoteBufferAndOffset]:
-    return isinstance(handle, tuple) and len(handle) == 2 and hasattr(handle[0], "tensor_shape") and (
+    return isinstance(handle, tuple) and len(handle) in (2, 3) and hasattr(handle[0], "tensor_shape") and (
         handle[1] is None or isinstance(handle[1], int))
+
+
+def _shard_group(handle: RemoteBufferAndOffset) -> ReplicaGrouping | None:
+    """The group a handle's tensor is sharded over, or None when its buffer holds whole tensors."""
+    group = handle[2] if len(handle) == 3 else None
+    return group if group is not None and group.group_size > 1 and handle[0].meta_shape else None
 
 
 def _entry(index: Tensor, handle: RemoteBufferAndOffset, steps: int, rows: int) -> Tensor:
     """The entry of ``handle``'s buffer for loop index ``index`` (row * steps + step),
     growing the buffer to hold every entry the graph can reach."""
-    buffer, row_offset = handle
+    buffer, row_offset = handle[0], handle[1]
     if row_offset is None:
         entry, size = index % steps, steps
     elif row_offset:
@@ -102,10 +133,13 @@ def _load(t: Tensor, handle: LoadHandle, index: Tensor, steps: int, rows: int) -
     if isinstance(handle, HostToDeviceStream):
         return host_load(handle, t.name)
     if _is_buffer_handle(handle):
-        return remote_load(handle[0], _entry(index, handle, steps, rows), t.name)
+        loaded = remote_load(handle[0], _entry(index, handle, steps, rows), t.name)
+        group = _shard_group(handle)
+        return replicated_all_gather(loaded, group=group).reshape(t.shape) if group is not None else loaded
     raise InvalidArgumentError(f"batch_serialise: load handle of '{t.name}' must be a HostToDeviceStream or a "
-                               f"(RemoteBuffer, row_offset) pair, got {handle!r}", where=context.user_source_line(),
-                               fix="pass popxl.h2d_stream(...) or (buffer, 0)")
+                               f"(RemoteBuffer, row_offset) pair or a RemoteHandle, got {handle!r}",
+                               where=context.user_source_line(),
+                               fix="pass popxl.h2d_stream(...), (buffer, 0) or RemoteHandle(buffer, 0, shard_group)")
 
 
 def batch_serialise(graph: GraphWithNamedArgs, steps: int, load_handles: Mapping[Tensor, LoadHandle],
@@ -185,7 +219,11 @@ def _micro_graph(graph: GraphWithNamedArgs, steps: int, rows: int, loaded_ts: Se
             if t in store_streams:
                 host_store(store_streams[t], value)
             if t in store_buffers:
-                remote_store(store_buffers[t][0], _entry(index, store_buffers[t], steps, rows), value)
+                handle = store_buffers[t]
+                group = _shard_group(handle)
+                if group is not None:  # this member's shard of the (identical) tensor
+                    value = replica_sharded_slice(value, group=group)
+                remote_store(handle[0], _entry(index, handle, steps, rows), value)
         graph_output(index + 1)
         if next_seed is not None:
             graph_output(next_seed)
