@@ -17,7 +17,7 @@ from torch.utils import _pytree as pytree
 from ipuxl.capture.failures import error_class
 from ipuxl.ir.context import user_source_line
 
-__all__ = ["FlatCall", "flatten_call", "input_names", "static_key", "forward_source"]
+__all__ = ["FlatCall", "flatten_call", "canonical_call", "input_names", "static_key", "forward_source"]
 
 
 class FlatCall(NamedTuple):
@@ -60,6 +60,24 @@ def flatten_call(module: torch.nn.Module, forward: Callable, args: tuple, kwargs
                                      where=user_source_line(), fix=f"pass the arguments {name}.forward takes") from exc
     leaves, spec = pytree.tree_flatten((tuple(bound.args), dict(bound.kwargs)))
     return FlatCall(bound, leaves, spec, [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)])
+
+
+def canonical_call(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict[str, Any]]:
+    """``(args, kwargs)`` of a call of ``module``, keyword arguments in ``forward``'s order.
+
+    A capture names and orders its inputs by ``forward``'s signature (``flatten_call``),
+    whatever order the caller wrote its keywords in; the host data of a call must be
+    laid out the same way. Arguments that do not fit the signature are returned as
+    given: capture refuses them with its own error.
+    """
+    if not kwargs:
+        return args, kwargs
+    try:
+        bound = inspect.signature(module.forward).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return args, kwargs
+    order = {name: i for i, name in enumerate(bound.arguments)}
+    return args, dict(sorted(kwargs.items(), key=lambda item: order.get(item[0], len(order))))
 
 
 def input_names(bound: inspect.BoundArguments) -> list[str]:

@@ -30,9 +30,10 @@ from torch.utils import _pytree as pytree
 
 from ipuxl.capture.arguments import flatten_call
 from ipuxl.capture.dropout import SEED_DTYPE, SEED_SHAPE
+from ipuxl.capture.grad_mode import REQUIRES
 from ipuxl.capture.mode import CaptureMode, active_mode, capturing
 from ipuxl.capture.nodes import output_nodes, spec_of
-from ipuxl.ir.call_op import CallEntry, is_call_graph_node
+from ipuxl.ir.call_op import CallEntry, is_call_graph_node, node_strides
 from ipuxl.ir.calls import MIN_SAVINGS  # what an outlined block must save over all its copies
 
 if TYPE_CHECKING:
@@ -61,6 +62,9 @@ class OutlinedBlock:
 
     traced: TracedModule
     entry: CallEntry
+    # per graph input (call tensors, parameters, buffers): whether any call passed a value
+    # that needs a gradient (None: no differentiated call seen); see ``ir.meta.NO_GRAD``
+    needs_grad: list[bool] | None = None
 
     def call(self, module: torch.nn.Module, tensors: list[torch.Tensor]) -> Any:
         """Record one run of the block ``module`` on ``tensors`` in the active capture."""
@@ -68,6 +72,9 @@ class OutlinedBlock:
         assert mode is not None, "outlined blocks run inside a capture"
         extra = [mode.skip_dropouts(traced.n_dropouts)] if traced.uses_seed else []
         state = [_member(module, n) for n in traced.params + traced.buffers]
+        if mode.grads is not None and mode.grads.differentiated:
+            flags = [bool(mode.grads.flags(t) & REQUIRES) for t in (*tensors, *state)]
+            self.needs_grad = flags if self.needs_grad is None else [a or b for a, b in zip(self.needs_grad, flags)]
         outs = self.entry(*tensors, *state, *extra)
         for name, new in zip(traced.mutated, outs[traced.n_outputs:]):
             _member(module, name).copy_(new)  # functionalize turns this into the model's buffer update
@@ -164,7 +171,7 @@ def _block_forward(module: torch.nn.Module, structure: Any, blocks: Blocks) -> C
     def forward(*args: Any, **kwargs: Any) -> Any:
         call = flatten_call(module, original, args, kwargs)
         key = (structure, str(call.spec), tuple(v for _, v in call.static_leaves()),
-               tuple((tuple(t.shape), t.dtype) for t in call.tensors()))
+               tuple((tuple(t.shape), t.dtype, _layout(t)) for t in call.tensors()))
         if key not in blocks:
             raise NeedBlock(key, module, args, kwargs)
         block = blocks[key]
@@ -173,6 +180,11 @@ def _block_forward(module: torch.nn.Module, structure: Any, blocks: Blocks) -> C
         return block.call(module, call.tensors())
 
     return forward
+
+
+def _layout(t: torch.Tensor) -> tuple[int, ...]:
+    """The strides that matter for a block's trace (a dimension of size 1 takes any)."""
+    return tuple(0 if size == 1 else stride for size, stride in zip(t.shape, t.stride()))
 
 
 def discover_blocks(module: torch.nn.Module, args: tuple, kwargs: dict | None,
@@ -205,8 +217,11 @@ def outline_block(traced: TracedModule, copies: int) -> OutlinedBlock | None:
     ops = sum(1 for n in traced.gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem)
     if traced.has_losses or traced.mutates_inputs or ops < MIN_BLOCK_OPS or ops * (copies - 1) < MIN_SAVINGS:
         return None
-    outputs = [spec_of(n) for n in output_nodes(traced.gm.graph)]
-    return OutlinedBlock(traced, CallEntry(traced.name, outputs))
+    returned = output_nodes(traced.gm.graph)
+    inputs = [n for n in traced.gm.graph.nodes if n.op == "placeholder"]
+    entry = CallEntry(traced.name, [spec_of(n) for n in returned], in_strides=node_strides(inputs),
+                      out_strides=node_strides(returned))
+    return OutlinedBlock(traced, entry)
 
 
 def used_blocks(gm: fx.GraphModule, blocks: Blocks) -> list[OutlinedBlock]:

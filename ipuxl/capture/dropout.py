@@ -31,7 +31,8 @@ from ipuxl.capture import random_ops
 from ipuxl.errors import OpArgumentError, TraceError
 from ipuxl.ir.context import user_source_line
 
-__all__ = ["SEED_SHAPE", "SEED_DTYPE", "seed_words", "step_seeds", "DropoutMode", "DropoutReplay", "random_op"]
+__all__ = ["SEED_SHAPE", "SEED_DTYPE", "seed_words", "step_seeds", "DropoutMode", "DropoutReplay", "random_op",
+           "ATTENTION_ARGS", "ATTENTION_DEFAULTS"]
 
 SEED_SHAPE: tuple[int, ...] = (2,)
 SEED_DTYPE = torch.int64
@@ -40,8 +41,8 @@ SEED_DTYPE = torch.int64
 _DROPOUTS = frozenset({F.dropout, F.dropout1d, F.dropout2d, F.dropout3d})
 _RANDOM_OPS = ("rand", "randn", "randint", "randperm", "bernoulli", "normal", "uniform", "multinomial",
                "exponential", "geometric", "cauchy", "log_normal", "native_dropout", "poisson", "rrelu")
-_ATTENTION_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-_ATTENTION_DEFAULTS = (None, None, None, None, 0.0, False, None, False)
+ATTENTION_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+ATTENTION_DEFAULTS = (None, None, None, None, 0.0, False, None, False)
 
 
 def seed_words(random_seed: int) -> np.ndarray:
@@ -122,8 +123,8 @@ class DropoutMode(TorchFunctionMode):
     def _attention(self, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
         """``F.scaled_dot_product_attention`` with dropout: its math, with the mask drawn by
         ``_dropout`` (seeded) instead of the fused kernel's own generator."""
-        a: dict[str, Any] = dict(zip(_ATTENTION_ARGS, _ATTENTION_DEFAULTS))
-        a.update(zip(_ATTENTION_ARGS, args))
+        a: dict[str, Any] = dict(zip(ATTENTION_ARGS, ATTENTION_DEFAULTS))
+        a.update(zip(ATTENTION_ARGS, args))
         a.update(kwargs)
         if not a["dropout_p"]:
             return func(*args, **kwargs)

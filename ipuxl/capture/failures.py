@@ -77,8 +77,9 @@ def trace_error(module_name: str, exc: Exception) -> TraceError:
     message = str(exc).strip()
     if _is_data_dependent(exc):
         message = message.splitlines()[0] if message else ""
-        fix = ("tensor values are not known while capturing: replace Python control flow on tensor values "
-               "and .item()/.tolist()/bool(tensor) by tensor ops (torch.where, masks), or do that work on the host")
+        fix = _library_fix(exc) or (
+            "tensor values are not known while capturing: replace Python control flow on tensor values "
+            "and .item()/.tolist()/bool(tensor) by tensor ops (torch.where, masks), or do that work on the host")
         cls: type[TraceError] = TraceError
     else:
         fix = ("check that call's arguments (shapes, dims, dtypes, indices): eager PyTorch raises the same error "
@@ -86,6 +87,35 @@ def trace_error(module_name: str, exc: Exception) -> TraceError:
         cls = error_class(builtin_type(exc))
     return cls(f"cannot capture module {module_name}: {type(exc).__name__}: {message}",
                where=traceback_source_line(exc.__traceback__), fix=fix)
+
+
+# Library functions that read a tensor's value to choose a path, and the argument that
+# tells them instead (what torch.export needs from the caller too). Values computed from
+# constants alone are read at capture (``capture.known_values``); these are for masks
+# and the like that come from the module's inputs.
+_LIBRARY_CHECKS = {
+    "_detect_is_causal_mask": (
+        "tensor values are not known while capturing: nn.Transformer / nn.TransformerEncoder / "
+        "nn.TransformerDecoder compare the attention mask given to them with a causal mask to choose a "
+        "faster path; say which it is instead: pass is_causal=True or False to TransformerEncoder.forward "
+        "(tgt_is_causal= / memory_is_causal= to nn.Transformer.forward and TransformerDecoder.forward), or "
+        "build the mask inside forward from constants (nn.Transformer.generate_square_subsequent_mask(n))"),
+    "_nested_tensor_from_mask_left_aligned": (
+        "tensor values are not known while capturing: nn.TransformerEncoder's nested-tensor fast path "
+        "checks the padding mask's values; construct it with enable_nested_tensor=False"),
+}
+
+
+def _library_fix(exc: BaseException) -> str | None:
+    """The argument that spares a known library function its read of tensor values, when
+    one of them made it (see ``_LIBRARY_CHECKS``)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        fix = _LIBRARY_CHECKS.get(tb.tb_frame.f_code.co_name)
+        if fix is not None:
+            return fix
+        tb = tb.tb_next
+    return None
 
 
 # how to write each refused op with a static shape

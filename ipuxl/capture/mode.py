@@ -28,11 +28,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 
+from ipuxl.capture.compiling import compiling_state
 from ipuxl.capture.constants import OutsideTensors
-from ipuxl.capture.dropout import DropoutMode
+from ipuxl.capture.dropout import ATTENTION_ARGS, ATTENTION_DEFAULTS, DropoutMode
 from ipuxl.capture.failures import eager_error
-from ipuxl.capture.grad_mode import NOT_HANDLED, GradTracker, is_inplace
+from ipuxl.capture.grad_mode import NOT_HANDLED, REQUIRES, GradTracker, is_inplace
 from ipuxl.capture.inplace import REPLACEMENTS as INPLACE_REPLACEMENTS
+from ipuxl.capture.known_values import NOT_KNOWN, KnownValues
 from ipuxl.capture.reductions import NOT_PROD, static_prod
 from ipuxl.errors import IpuxlError, OpArgumentError, TraceError
 from ipuxl.ir.context import user_source_line
@@ -85,9 +87,21 @@ class CaptureMode(DropoutMode):
         self.grads = grads
         self.precision = precision
         self.outside = OutsideTensors(to_meta=seed.device.type == "meta")
+        # real values of tensors computed from constants (none in a dry run on meta tensors)
+        self.known = None if seed.device.type == "meta" else KnownValues()
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         args, kwargs = self.outside.lift(func, args, kwargs or {})
+        if self.known is not None:
+            answer = self.known.read(func, args, kwargs)
+            if answer is not NOT_KNOWN:
+                return answer
+        out = self._dispatch(func, args, kwargs)
+        if self.known is not None:
+            self.known.record(func, args, kwargs, out)
+        return out
+
+    def _dispatch(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         if self.precision.downcast_to_half:
             args, kwargs = self.downcast(func, args, kwargs)
         grads = self.grads
@@ -150,9 +164,31 @@ class CaptureMode(DropoutMode):
                                  "(a tensor value), and every shape must be known when the program is compiled",
                                  where=user_source_line(), fix="pass num_classes, e.g. F.one_hot(labels, 10)")
             return checked_one_hot(*args, **kwargs)
+        if func is F.scaled_dot_product_attention and self._mask_needs_grad(args, kwargs):
+            return self._math_attention(args, kwargs)
         out = super().call(func, args, kwargs)
         if func in _LOSS_FUNCTIONS:
             self.losses.append(out)
+        return out
+
+
+    def _mask_needs_grad(self, args: tuple, kwargs: dict) -> bool:
+        """An attention mask that needs a gradient (T5's learnt position bias is one)."""
+        mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+        return (self.grads is not None and self.grads.differentiated and isinstance(mask, torch.Tensor)
+                and bool(self.grads.flags(mask) & REQUIRES))
+
+    def _math_attention(self, args: tuple, kwargs: dict) -> torch.Tensor:
+        """``F.scaled_dot_product_attention`` as eager runs it when the mask needs a gradient: its
+        math backend (the fused kernels have no gradient for the mask), dropout seeded as ever."""
+        a = dict(zip(ATTENTION_ARGS, ATTENTION_DEFAULTS))
+        a.update(zip(ATTENTION_ARGS, args))
+        a.update(kwargs)
+        if a["dropout_p"]:
+            return super().call(F.scaled_dot_product_attention, args, kwargs)  # already the math, seeded
+        out, _ = torch.ops.aten._scaled_dot_product_attention_math(
+            a["query"], a["key"], a["value"], a["attn_mask"], 0.0, a["is_causal"], scale=a["scale"],
+            enable_gqa=a["enable_gqa"])
         return out
 
 
@@ -164,10 +200,11 @@ def _known_classes(args: tuple, kwargs: dict) -> bool:
 
 @contextlib.contextmanager
 def capturing(mode: CaptureMode) -> Iterator[CaptureMode]:
-    """Enter ``mode`` as this thread's active capture (see ``active_mode``)."""
+    """Enter ``mode`` as this thread's active capture (see ``active_mode``); library code
+    asking ``torch.compiler.is_compiling()`` meanwhile hears True (``capture.compiling``)."""
     _state.mode = mode
     try:
-        with mode:
+        with mode, compiling_state():
             yield mode
     finally:
         _state.mode = None

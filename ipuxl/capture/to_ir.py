@@ -15,22 +15,24 @@ from ipuxl.capture.trace import TracedModule
 from ipuxl.ir.fx_import import copy_fx_body
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.ir import Ir
-from ipuxl.ir.meta import NAME, ROLE, Role
+from ipuxl.ir.meta import NAME, NO_GRAD, ROLE, Role
 
 __all__ = ["graph_from_trace"]
 
 _SEED_NAME = "seed"  # the IR name of a module's seed input (its role says what it is, not this name)
 
 
-def graph_from_trace(ir: Ir, traced: TracedModule) -> Graph:
+def graph_from_trace(ir: Ir, traced: TracedModule, needs_grad: list[bool] | None = None) -> Graph:
     """A new subgraph of ``ir`` computing ``traced`` (see the module docstring).
 
     Each outlined block becomes one subgraph of its own, called from every place it ran.
+    ``needs_grad`` (per input before the seed): False marks an input no call passes a
+    value needing a gradient (``ir.meta.NO_GRAD``); autodiff then leaves it out.
     """
     for block in traced.blocks:
-        block.entry.graph = graph_from_trace(ir, block.traced)
+        block.entry.graph = graph_from_trace(ir, block.traced, block.needs_grad)
     graph = ir.new_subgraph(traced.name)
-    env = _bind_inputs(graph, traced)
+    env = _bind_inputs(graph, traced, needs_grad)
     copy_fx_body(traced.gm, graph.fx, env, graph.constant_data, ir)
     out_names = ([f"output{i}" for i in range(traced.n_outputs)] + [f"{m}.new" for m in traced.mutated]
                  + [f"{traced.input_names[i]}.new" for i in traced.mutated_inputs])
@@ -44,11 +46,11 @@ def graph_from_trace(ir: Ir, traced: TracedModule) -> Graph:
     return graph
 
 
-def _bind_inputs(graph: Graph, traced: TracedModule) -> dict[fx.Node, fx.Node]:
+def _bind_inputs(graph: Graph, traced: TracedModule, needs_grad: list[bool] | None) -> dict[fx.Node, fx.Node]:
     """Add ``graph``'s inputs for the traced placeholders; the seed only when it is used."""
     names = iter(traced.input_names + traced.params + traced.buffers)
     env: dict[fx.Node, fx.Node] = {}
-    for node in placeholders(traced.gm.graph):
+    for i, node in enumerate(placeholders(traced.gm.graph)):
         if node.meta.get(ROLE) == Role.SEED:
             if not traced.uses_seed:
                 continue
@@ -56,4 +58,6 @@ def _bind_inputs(graph: Graph, traced: TracedModule) -> dict[fx.Node, fx.Node]:
         else:
             name = next(names)
         env[node] = graph.add_input(spec_of(node), name).node
+        if needs_grad is not None and i < len(needs_grad) and not needs_grad[i]:
+            env[node].meta[NO_GRAD] = True
     return env

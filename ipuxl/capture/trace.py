@@ -48,6 +48,7 @@ from ipuxl.capture.grad_mode import GradTracker
 from ipuxl.capture.matmuls import fold_broadcast_matmuls
 from ipuxl.capture.mode import CaptureMode, Precision, capturing, find_loss
 from ipuxl.capture.mutations import extract_mutations
+from ipuxl.capture.outputs import flatten_objects
 from ipuxl.capture.nodes import output_nodes, placeholders, spec_of
 from ipuxl.errors import TraceError
 from ipuxl.ir.meta import ROLE, Role
@@ -271,7 +272,7 @@ def _functional_forward(module: torch.nn.Module, call: FlatCall, params: dict[st
         with grad_mode, capturing(mode), outlined_blocks(candidates, blocks):
             out = torch.func.functional_call(module, {**dict(zip(p_names, p_vals)), **dict(zip(b_names, b_vals))},
                                              call_args, call_kwargs, tie_weights=True, strict=False)
-        flat, record.out_spec = pytree.tree_flatten(out)
+        flat, record.out_spec = pytree.tree_flatten(flatten_objects(out))
         bad = [type(v).__name__ for v in flat if not isinstance(v, torch.Tensor)]
         if bad:
             raise TraceError(f"{name}.forward returned non-tensor values ({', '.join(bad)})",
@@ -321,8 +322,10 @@ def _mark_roles(gm: fx.GraphModule) -> None:
 
 def _trace_block(need: NeedBlock, training: bool, candidates: Candidates, precision: Precision) -> OutlinedBlock | None:
     """Trace one block module alone (see ``capture.blocks.outline_block``)."""
-    def example(value: Any) -> Any:
-        return torch.zeros(value.shape, dtype=value.dtype) if isinstance(value, torch.Tensor) else value
+    def example(value: Any) -> Any:  # zeros in the layout of the block's first run (its key includes it)
+        if not isinstance(value, torch.Tensor):
+            return value
+        return torch.zeros_like(torch.empty_strided(value.shape, value.stride(), dtype=value.dtype))
 
     args, kwargs = pytree.tree_map(example, (need.args, need.kwargs))
     try:

@@ -14,6 +14,14 @@ size. Two places make such traces:
   callee's grad graph, so the joint trace holds one call per forward and per
   backward call site.
 
+Layouts: a callee's code is traced for the strides its inputs had when it was
+traced (a ``view`` there assumes them), and its outputs have the strides its trace
+gave them. A call keeps that contract: an argument in another layout (the gradient
+of a ``permute`` reaching a block's backward, a channels-last image reaching a block
+traced contiguous) is copied into the callee's layout first, as AOTAutograd makes
+tangents contiguous, and the fake kernel gives each result the callee's strides, so
+the caller's trace sees the layouts the program will have when it runs.
+
 ``copy_fx_body`` turns the nodes back into IR calls (``CallTarget``) when a traced
 body is imported. Keys are process-wide; an entry lives as long as its owner
 (a ``TracedModule`` or one autodiff) holds it.
@@ -29,7 +37,8 @@ import torch
 from ipuxl.errors import AutodiffError, PassError
 from ipuxl.ir.tensor import TensorSpec
 
-__all__ = ["CallEntry", "CallGraphFunction", "call_entry", "is_call_graph_node"]
+__all__ = ["CallEntry", "CallGraphFunction", "call_entry", "is_call_graph_node", "node_strides", "to_layout",
+           "zeros_in_layout"]
 
 _ENTRIES: "weakref.WeakValueDictionary[int, CallEntry]" = weakref.WeakValueDictionary()
 _KEYS = itertools.count()
@@ -37,6 +46,42 @@ _KEYS = itertools.count()
 # backward(saved inputs, saved outputs, output grads) -> one grad (or None) per input
 BackwardRule = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor], Sequence[torch.Tensor]],
                         list[torch.Tensor | None]]
+Strides = tuple[int, ...]
+
+
+def node_strides(nodes: Sequence[Any]) -> list[Strides | None]:
+    """The strides of each fx node's traced value (None where it has no tensor value)."""
+    vals = [getattr(n, "meta", {}).get("val") for n in nodes]
+    return [tuple(v.stride()) if isinstance(v, torch.Tensor) else None for v in vals]
+
+
+def zeros_in_layout(node: Any) -> torch.Tensor:
+    """Zeros of the shape, dtype and strides of an fx node's traced value: an example input
+    for tracing code that will run on that value (a ``view`` traced on it stays valid)."""
+    val = node.meta["val"]
+    return torch.zeros_like(torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype))
+
+
+def _graph_strides(graph: Any) -> tuple[list[Strides | None] | None, list[Strides | None] | None]:
+    """Input and output strides of an IR graph's traced values (None when it has no fx graph)."""
+    if graph is None or not hasattr(graph, "fx"):
+        return None, None
+    return node_strides([t.node for t in graph.inputs]), node_strides([t.node for t in graph.outputs])
+
+
+def _same_layout(t: torch.Tensor, strides: Strides) -> bool:
+    """``t`` has ``strides`` wherever they matter (a dimension of size 1 has any stride)."""
+    return len(strides) == t.dim() and all(size == 1 or a == b for size, a, b in zip(t.shape, t.stride(), strides))
+
+
+def to_layout(t: Any, strides: Strides | None) -> Any:
+    """``t`` itself when it has the layout ``strides`` (or is not a tensor), else a copy in it."""
+    if strides is None or not isinstance(t, torch.Tensor) or _same_layout(t, strides):
+        return t
+    if strides == torch.empty(t.shape, device="meta").stride():
+        return t.contiguous()
+    out = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
+    return out.copy_(t)
 
 
 class CallEntry:
@@ -48,20 +93,30 @@ class CallEntry:
         graph: the IR graph the call becomes when the trace is imported (may be set later).
         backward: the gradient rule when the call is differentiable (``CallGraphFunction``).
         run: eager implementation, for running a traced function on real tensors.
+        in_strides, out_strides: the layouts the callee was traced for (see the module
+            docstring); read off ``graph``'s traced values when not given; None: any layout.
     """
 
     def __init__(self, name: str, out_specs: Sequence[TensorSpec], *, graph: Any = None,
-                 backward: BackwardRule | None = None, run: Callable[..., Sequence[torch.Tensor]] | None = None):
+                 backward: BackwardRule | None = None, run: Callable[..., Sequence[torch.Tensor]] | None = None,
+                 in_strides: Sequence[Strides | None] | None = None,
+                 out_strides: Sequence[Strides | None] | None = None):
         self.key = next(_KEYS)
         self.name = name
         self.out_specs = list(out_specs)
         self.graph = graph
         self.backward = backward
         self.run = run
+        graph_in, graph_out = _graph_strides(graph)
+        self.in_strides = list(in_strides) if in_strides is not None else graph_in
+        self.out_strides = list(out_strides) if out_strides is not None else graph_out
         _ENTRIES[self.key] = self
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Record (or, on real tensors, run) one call; differentiable when ``backward`` is set."""
+        """Record (or, on real tensors, run) one call; differentiable when ``backward`` is set.
+        Arguments in another layout than the callee's are copied into it first."""
+        if self.in_strides is not None and len(self.in_strides) == len(args):
+            args = tuple(to_layout(a, s) for a, s in zip(args, self.in_strides))
         if self.backward is not None:
             return CallGraphFunction.apply(self.key, *args)
         return tuple(torch.ops.ipuxl.call_graph(self.key, list(args)))
@@ -94,7 +149,11 @@ def _call_graph(key: int, args: list[torch.Tensor]) -> list[torch.Tensor]:
 @_call_graph.register_fake
 def _(key: int, args: list[torch.Tensor]) -> list[torch.Tensor]:
     device = args[0].device if args else torch.device("cpu")
-    return [torch.empty(spec.shape, dtype=spec.dtype, device=device) for spec in call_entry(key).out_specs]
+    entry = call_entry(key)
+    strides = entry.out_strides if entry.out_strides is not None else [None] * len(entry.out_specs)
+    return [torch.empty(spec.shape, dtype=spec.dtype, device=device) if s is None or len(s) != len(spec.shape)
+            else torch.empty_strided(spec.shape, s, dtype=spec.dtype, device=device)
+            for spec, s in zip(entry.out_specs, strides)]
 
 
 class CallGraphFunction(torch.autograd.Function):

@@ -229,8 +229,10 @@ def returns_view(target: Any) -> bool:
 
 
 def to_meta(value: Any) -> Any:
+    """Meta tensors of the shapes, dtypes and strides of a traced value (strides kept: code
+    traced later on the value, a segment's or a callee's, must see the layout it runs on)."""
     if isinstance(value, torch.Tensor):
-        return torch.empty(value.shape, dtype=value.dtype, device="meta")
+        return torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype, device="meta")
     if isinstance(value, (tuple, list)):
         return type(value)(to_meta(v) for v in value)
     return value

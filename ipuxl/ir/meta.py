@@ -31,7 +31,7 @@ from __future__ import annotations
 
 __all__ = [
     "NAME", "ROLE", "BY_REF", "STREAM", "OP", "OP_ID", "SOURCE", "IN_SEQUENCE", "MODIFIES", "VIEW_OF", "WRITES",
-    "CALLED_GRAPH", "BY_REF_ARGS", "OUTLINED", "META_SHAPE", "IPU", "PIPELINE_STAGE", "REMOTE",
+    "CALLED_GRAPH", "BY_REF_ARGS", "OUTLINED", "NO_GRAD", "META_SHAPE", "IPU", "PIPELINE_STAGE", "REMOTE",
     "Role", "COLLECTIVE_OPS",
 ]
 
@@ -63,6 +63,10 @@ BY_REF_ARGS = "ipuxl_by_ref_args"
 """On a call node: the set of argument positions passed by reference."""
 OUTLINED = "ipuxl_outlined"
 """On a call node the outlining pass created: ``True``."""
+NO_GRAD = "ipuxl_no_grad"
+"""On a subgraph input: ``True`` when no call of the graph passes a value that needs a
+gradient (a captured block's attention mask, a frozen parameter): autodiff's default
+``grads_required`` (all floating-point inputs) leaves it out, as eager autograd would."""
 META_SHAPE = "ipuxl_meta_shape"
 """On collective ops: the shape of the tensor before replication-dependent reshaping."""
 IPU = "ipuxl_ipu"

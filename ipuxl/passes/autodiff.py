@@ -61,13 +61,13 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ipuxl.dtypes import dtype_name
 from ipuxl.errors import AutodiffError
 from ipuxl.ir.aliases import written_nodes
-from ipuxl.ir.call_op import CallEntry
+from ipuxl.ir.call_op import CallEntry, zeros_in_layout
 from ipuxl.ir.calls import call_nodes, callee, does_host_io, is_repeat, reachable_from, transfer_counts
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.grad_info import ExpectedConnectionType, GradGraphInfo
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.lower import compiled_callee, graph_callable, lower_graph
-from ipuxl.ir.meta import COLLECTIVE_OPS, OP, SOURCE
+from ipuxl.ir.meta import COLLECTIVE_OPS, NO_GRAD, OP, SOURCE
 from ipuxl.ir.tensor import Tensor
 from ipuxl.passes.autodiff_partition import BWD_TAG as BWD_TAG, FWD_TAG as FWD_TAG  # importable from here too
 from ipuxl.passes.autodiff_partition import (build_grad_graph, check_gradient_paths, recompute_input_views,
@@ -305,7 +305,8 @@ def _select(graph: Graph, provided: Sequence[Tensor] | None,
                             "it calls) and cannot be differentiated", where=user_source_line(),
                             fix="load the data in the caller and pass it to the graph as an input")
     outs = list(graph.outputs) if provided is None else list(provided)
-    ins = [t for t in graph.inputs if t.dtype.is_floating_point] if required is None else list(required)
+    ins = ([t for t in graph.inputs if t.dtype.is_floating_point and not t.node.meta.get(NO_GRAD)]
+           if required is None else list(required))
     for t in outs:
         _require_member(t, graph.outputs, graph, "grads_provided", "an output")
     for t in ins:
@@ -376,7 +377,9 @@ def _trace_joint(graph: Graph, provided: list[Tensor], required: list[Tensor],
         grads = vjp_fn(tuple(tangents), create_graph=False) if req_idx else ()
         return (*all_outs, *grads)
 
-    primals = [torch.zeros(t.shape, dtype=t.spec.dtype) for t in graph.inputs]
+    # inputs in the layouts they have where the graph runs (a segment's input may be a transpose)
+    primals = [zeros_in_layout(t.node) if isinstance(t.node.meta.get("val"), torch.Tensor)
+               else torch.zeros(t.shape, dtype=t.spec.dtype) for t in graph.inputs]
     tangents = [torch.zeros(t.shape, dtype=t.spec.dtype) for t in provided]
     # constants (and variables read by the graph) are real tensors of the lowered module
     return make_fx(joint, tracing_mode="fake", _allow_non_fake_inputs=True)(primals, tangents)

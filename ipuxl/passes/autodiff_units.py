@@ -216,6 +216,9 @@ def _copy_segment(graph: Graph, sub: Graph, nodes: list[fx.Node], ins: list[fx.N
     for node in ins:
         val = node.meta["val"]
         env[node] = sub.add_input(TensorSpec(tuple(val.shape), val.dtype), node.meta.get(NAME, node.name)).node
+        # the input keeps the value's layout, so the segment's trace sees the strides it will run on
+        env[node].meta["val"] = torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype,
+                                                    device="meta")
     for node in nodes:
         for a in node.all_input_nodes:
             if a.op == "get_attr" and a not in env:

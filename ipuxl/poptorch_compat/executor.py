@@ -37,6 +37,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from ipuxl.capture.arguments import canonical_call
 from ipuxl.capture.dropout import seed_words
 from ipuxl.device.profile import Profile
 from ipuxl.device.session import Session, device_for
@@ -167,6 +168,7 @@ class PoplarExecutor:
         self._require_usable("call the model")
         refuse_offline(self.options, self._kind, "run")
         started = time.perf_counter()
+        args, kwargs = canonical_call(self._model, args, kwargs)
         batch = split_batch(self.options, self.training, args, kwargs)
         self._ensure_program(batch.micro, (args, kwargs))
         if self._channels_last:  # staged channels-last, as traced (``memory_format``); writes go to the caller's
@@ -224,6 +226,7 @@ class PoplarExecutor:
         """
         self._require_usable("profile the model")
         refuse_offline(self.options, self._kind, "run")
+        args, kwargs = canonical_call(self._model, args, kwargs)
         self._ensure_program(split_batch(self.options, self.training, args, kwargs).micro, (args, kwargs))
         if not self._sync.attached:
             self(*args, **kwargs)  # refused as calling a detached model is: raises
@@ -236,6 +239,7 @@ class PoplarExecutor:
         """Trace and compile for these inputs without running (PopTorch's ``compile``;
         unlike upstream, a call with other input shapes compiles for them)."""
         self._require_usable("compile the model")
+        args, kwargs = canonical_call(self._model, args, kwargs)
         key = split_batch(self.options, self.training, args, kwargs).micro
         if self._sync.compiled is not None and key == self._key:
             _LOG.warning("Call to compile() ignored: the executable is already compiled")

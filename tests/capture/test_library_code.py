@@ -1,0 +1,218 @@
+"""Library code written for torch.compile / torch.export captures and trains as eager does.
+
+Hugging Face models (BERT, GPT-2, T5, ViT, Llama) built from configs (nothing is
+downloaded) and ``nn.Transformer`` train through ``trainingModel`` with AdamW, with and
+without attention masks; weights after several steps must equal eager PyTorch's.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import ipuxl.poptorch_compat as poptorch
+from ipuxl.errors import TraceError
+
+transformers = pytest.importorskip("transformers", reason="Hugging Face transformers is not installed")
+
+STEPS = 3
+# An attention key's bias has no effect on softmax (it adds the same value to every score of
+# a query), so its true gradient is zero: what autograd returns is rounding noise, which
+# Adam scales up to a full step. Its trajectory is noise in eager too; it is not compared.
+_ZERO_GRADIENT = ("key.bias", "k_proj.bias", "attention.key.bias")
+# Float64: Adam divides each gradient by its own running size, so a gradient element near zero
+# turns float32 rounding noise (sums in another order) into a step of the learning rate's size;
+# in float64 that noise is far below every real gradient here. What remains: the optimiser's
+# hyperparameters are float32 tensors on the device (as PopTorch's), so the updates differ from
+# eager's Python-double ones at about 1e-7 relative, and Hugging Face's LM losses upcast logits
+# with .float() (float32) in both runs. Adam turns such a difference in a gradient element near
+# zero into up to ~1e-6 of weight; a wrong gradient or update would be of the step's size, 1e-3.
+TOL = dict(rtol=1e-6, atol=1e-6)
+
+
+def _train_like_eager(model: torch.nn.Module, batch: dict, loss_of=lambda out: out.loss) -> None:
+    """``STEPS`` AdamW steps through ``trainingModel`` and eagerly, in float64; losses and weights must match."""
+    torch.manual_seed(0)
+    model = model.double()
+    batch = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in batch.items()}
+    ref = copy.deepcopy(model)
+    ipu = poptorch.trainingModel(model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3))
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    for _ in range(STEPS):
+        out = ipu(**batch)
+        ref_opt.zero_grad()
+        ref_loss = loss_of(ref(**batch))
+        ref_loss.backward()
+        ref_opt.step()
+        torch.testing.assert_close(loss_of(out), ref_loss.detach(), **TOL)
+    ipu.copyWeightsToHost()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        if any(name.endswith(k) for k in _ZERO_GRADIENT):
+            continue
+        torch.testing.assert_close(p.detach(), q.detach(), **TOL, msg=lambda m: f"{name}: {m}")
+
+
+def _ids(vocab: int = 100, batch: int = 2, seq: int = 12) -> torch.Tensor:
+    return torch.randint(3, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
+
+
+def _padding_mask(batch: int = 2, seq: int = 12) -> torch.Tensor:
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[0, seq - 4:] = 0  # the first sequence is padded: masks change the result
+    return mask
+
+
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=100)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "padding-mask"])
+def test_bert_sequence_classification(masked: bool):
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(transformers.BertConfig(**SMALL, hidden_dropout_prob=0.0,
+                                                                               attention_probs_dropout_prob=0.0))
+    batch = dict(input_ids=_ids(), labels=torch.tensor([0, 1]))
+    if masked:
+        batch["attention_mask"] = _padding_mask()
+    _train_like_eager(model, batch)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "padding-mask"])
+def test_gpt2_causal_lm(masked: bool):
+    """GPT-2 returns its key/value cache (an object holding tensors) beside the loss."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=100, n_positions=16,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    ids = _ids()
+    batch = dict(input_ids=ids, labels=ids)
+    if masked:
+        batch["attention_mask"] = _padding_mask()
+    _train_like_eager(transformers.GPT2LMHeadModel(config), batch)
+
+
+def test_t5_encoder_decoder():
+    torch.manual_seed(0)
+    config = transformers.T5Config(d_model=32, d_ff=64, d_kv=8, num_layers=2, num_heads=4, vocab_size=100,
+                                   dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
+    ids = _ids()
+    _train_like_eager(transformers.T5ForConditionalGeneration(config),
+                      dict(input_ids=ids, attention_mask=_padding_mask(), labels=ids))
+
+
+def test_vit_image_classification():
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(**{k: v for k, v in SMALL.items() if k != "vocab_size"}, image_size=16,
+                                    patch_size=4, num_labels=5, hidden_dropout_prob=0.0,
+                                    attention_probs_dropout_prob=0.0)
+    batch = dict(pixel_values=torch.randn(2, 3, 16, 16), labels=torch.tensor([1, 4]))
+    _train_like_eager(transformers.ViTForImageClassification(config), batch)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "padding-mask"])
+def test_llama_style_causal_lm(masked: bool):
+    """RoPE, RMSNorm, grouped-query attention through scaled_dot_product_attention."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**SMALL, num_key_value_heads=2, max_position_embeddings=32)
+    ids = _ids()
+    batch = dict(input_ids=ids, labels=ids)
+    if masked:
+        batch["attention_mask"] = _padding_mask()
+    _train_like_eager(transformers.LlamaForCausalLM(config), batch)
+
+
+class _Seq2Seq(torch.nn.Module):
+    """``nn.Transformer`` with the causal mask it builds itself and an optional padding mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.t = torch.nn.Transformer(d_model=16, nhead=4, num_encoder_layers=2, num_decoder_layers=2,
+                                      dim_feedforward=32, dropout=0.0, batch_first=True)
+
+    def forward(self, src, tgt, src_key_padding_mask=None):
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+        out = self.t(src, tgt, tgt_mask=causal, src_key_padding_mask=src_key_padding_mask)
+        return out, out.pow(2).mean()
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "padding-mask"])
+def test_nn_transformer(masked: bool):
+    torch.manual_seed(0)
+    batch = dict(src=torch.randn(2, 6, 16), tgt=torch.randn(2, 5, 16))
+    if masked:
+        batch["src_key_padding_mask"] = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
+    _train_like_eager(_Seq2Seq(), batch, loss_of=lambda out: out[1])
+
+
+def test_is_compiling_answers_true_only_while_capturing():
+    seen = []
+
+    class Asks(torch.nn.Module):
+        def forward(self, x):
+            seen.append((torch.compiler.is_compiling(), torch.compiler.is_exporting()))
+            return x * 2
+
+    poptorch.inferenceModel(Asks())(torch.ones(2))
+    assert seen and all(answer == (True, True) for answer in seen)
+    assert not torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+
+
+class _Branchy(torch.nn.Module):
+    """A decision on a tensor computed from constants, and one on the input's values."""
+
+    def forward(self, x):
+        table = torch.arange(4) * 2
+        scale = 3.0 if bool((table == torch.tensor([0, 2, 4, 6])).all()) else -1.0  # known: constants only
+        return x * scale
+
+
+def test_a_decision_on_constant_values_is_taken_as_eager_takes_it():
+    model = _Branchy()
+    x = torch.randn(3)
+    torch.testing.assert_close(poptorch.inferenceModel(model)(x), model(x))
+
+
+def test_a_decision_on_input_values_is_refused_with_the_fix():
+    class OnInput(torch.nn.Module):
+        def forward(self, x):
+            return x * 2 if x.sum() > 0 else x
+
+    with pytest.raises(TraceError, match="tensor values are not known while capturing") as info:
+        poptorch.inferenceModel(OnInput())(torch.ones(3))
+    assert "torch.where" in info.value.fix
+
+
+def test_a_causal_mask_from_the_host_asks_for_is_causal():
+    """nn.Transformer compares a mask it is given with a causal one (a read of its values);
+    a mask that comes in as an input has none at capture: the error names the argument
+    that tells nn.Transformer instead, and with it the model captures and trains."""
+    class Decoder(torch.nn.Module):
+        def __init__(self, **kw):
+            super().__init__()
+            self.t = torch.nn.Transformer(d_model=16, nhead=4, num_encoder_layers=1, num_decoder_layers=1,
+                                          dim_feedforward=32, dropout=0.0, batch_first=True)
+            self.kw = kw
+
+        def forward(self, src, tgt, tgt_mask):
+            out = self.t(src, tgt, tgt_mask=tgt_mask, **self.kw)
+            return out, out.pow(2).mean()
+
+    batch = dict(src=torch.randn(2, 6, 16), tgt=torch.randn(2, 5, 16),
+                 tgt_mask=torch.nn.Transformer.generate_square_subsequent_mask(5))
+    model = Decoder()
+    with pytest.raises(TraceError, match="tensor values are not known") as info:
+        poptorch.trainingModel(model, optimizer=torch.optim.AdamW(model.parameters()))(**batch)
+    assert "tgt_is_causal=" in info.value.fix
+    _train_like_eager(Decoder(tgt_is_causal=True), batch, loss_of=lambda out: out[1])
+
+
+def test_a_constant_written_from_an_input_is_no_longer_known():
+    """A known tensor written in place from unknown values loses its known value: the
+    decision then depends on the input, and capture refuses it instead of baking one in."""
+    class Writes(torch.nn.Module):
+        def forward(self, x):
+            flags = torch.zeros(3)
+            flags.copy_(x)
+            return x * 2 if bool(flags.sum() > 0) else x
+
+    with pytest.raises(TraceError, match="tensor values are not known"):
+        poptorch.inferenceModel(Writes())(torch.ones(3))
