@@ -19,7 +19,8 @@ training with data parallelism 2.
 The applications need packages ipuxl does not (``APP_PACKAGES``) and a Hugging Face
 ``transformers`` whose layers they were written against (4.18 to 4.25; later releases
 changed the signatures the tests call). They run in the interpreter ``IPUXL_APPS_PYTHON``
-names, default this one; the tests skip, saying why, when it lacks them.
+names, by default a venv of the clone's own made on first use (``_apps_python``); the
+tests skip, saying why, when it lacks them.
 """
 from __future__ import annotations
 
@@ -35,7 +36,34 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 APPS = Path(os.environ.get("IPUXL_APPS_DIR", ROOT.parent / "shared" / "reference" / "apps"))
-APPS_PY = os.environ.get("IPUXL_APPS_PYTHON", sys.executable)
+REQUIREMENTS = Path(__file__).with_name("requirements.txt")
+
+
+def _apps_python() -> str:
+    """The applications' interpreter: ``IPUXL_APPS_PYTHON`` when set; else ``.venv-apps`` in
+    the clone, made once (a venv over this interpreter's packages, with the applications'
+    own from ``requirements.txt``: they pin a transformers release older than ipuxl's
+    tests use); this interpreter when that cannot be made (offline: the tests then skip,
+    saying what is missing)."""
+    explicit = os.environ.get("IPUXL_APPS_PYTHON")
+    if explicit:
+        return explicit
+    venv = ROOT / ".venv-apps"
+    python, ready = venv / "bin" / "python", venv / "requirements.txt"
+    if ready.exists() and ready.read_text() == REQUIREMENTS.read_text():
+        return str(python)
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True,
+                       capture_output=True, timeout=600)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)], check=True,
+                       capture_output=True, timeout=1800)
+    except (OSError, subprocess.SubprocessError):
+        return sys.executable
+    ready.write_text(REQUIREMENTS.read_text())
+    return str(python)
+
+
+APPS_PY = _apps_python()
 
 #: import name -> what the apps use it for
 APP_PACKAGES = {"transformers": "the Hugging Face layers the tests compare with", "yaml": "the configs",
