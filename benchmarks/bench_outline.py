@@ -38,11 +38,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import ipuxl
-import ipuxl.poptorch_compat.compile as compile_steps
-import ipuxl.poptorch_compat.executor as executor
+import ipuxl.poptorch_compat.compile.compile_model as compile_steps
+import ipuxl.poptorch_compat.runtime.executor as executor
 from ipuxl.ir.calls import CallTarget
 from ipuxl.ir.meta import OP
-from ipuxl.poptorch_compat.program import Program
+from ipuxl.poptorch_compat.compile.program import Program
 
 
 class Block(nn.Module):

@@ -108,7 +108,7 @@ POPTORCH: dict[str, str | None] = {
     "poptorch.ops": "ipuxl.poptorch_compat.ops",
     "poptorch.logging": "ipuxl.poptorch_compat.poptorch_logging",
     "poptorch._logging": "ipuxl.poptorch_compat.poptorch_logging",
-    "poptorch._poplar_executor": "ipuxl.poptorch_compat.executor",
+    "poptorch._poplar_executor": "ipuxl.poptorch_compat.runtime.executor",
     "poptorch._dataloader": "ipuxl.poptorch_compat.dataloader",
     "poptorch.autocasting": None,
     "poptorch.distributed": None,

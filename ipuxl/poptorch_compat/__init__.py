@@ -29,9 +29,9 @@ if TYPE_CHECKING:
     from ipuxl.poptorch_compat.dataloader import DataLoader, DataLoaderMode
     from ipuxl.poptorch_compat.accessor import AsynchronousDataAccessor
     from ipuxl.poptorch_compat.custom_args import ICustomArgParser, registerCustomArgParser
-    from ipuxl.poptorch_compat.executor import PoplarExecutor, inferenceModel, trainingModel
-    from ipuxl.poptorch_compat.executor import load
-    from ipuxl.poptorch_compat.compile_hooks import registerPostCompileHook, registerPreCompileHook
+    from ipuxl.poptorch_compat.runtime.executor import PoplarExecutor, inferenceModel, trainingModel
+    from ipuxl.poptorch_compat.runtime.executor import load
+    from ipuxl.poptorch_compat.compile.hooks import registerPostCompileHook, registerPreCompileHook
     from ipuxl.poptorch_compat.options import AnchorMode, Options, OutputMode
     from ipuxl.errors import ConfigFileError, RecoverableError, UnrecoverableError
     from ipuxl.errors import PoptorchError as Error
@@ -59,13 +59,13 @@ if TYPE_CHECKING:
 _LAZY: dict[str, tuple[str, str | None]] = {
     "DropoutReplay": ("ipuxl.capture.dropout", "DropoutReplay"),
     "identity_loss": ("ipuxl.capture.mode", "identity_loss"),
-    "PoplarExecutor": ("ipuxl.poptorch_compat.executor", "PoplarExecutor"),
-    "trainingModel": ("ipuxl.poptorch_compat.executor", "trainingModel"),
-    "inferenceModel": ("ipuxl.poptorch_compat.executor", "inferenceModel"),
-    "load": ("ipuxl.poptorch_compat.executor", "load"),
-    "__version__": ("ipuxl.poptorch_compat.executor", "POPTORCH_VERSION"),
-    "registerPreCompileHook": ("ipuxl.poptorch_compat.compile_hooks", "registerPreCompileHook"),
-    "registerPostCompileHook": ("ipuxl.poptorch_compat.compile_hooks", "registerPostCompileHook"),
+    "PoplarExecutor": ("ipuxl.poptorch_compat.runtime.executor", "PoplarExecutor"),
+    "trainingModel": ("ipuxl.poptorch_compat.runtime.executor", "trainingModel"),
+    "inferenceModel": ("ipuxl.poptorch_compat.runtime.executor", "inferenceModel"),
+    "load": ("ipuxl.poptorch_compat.runtime.executor", "load"),
+    "__version__": ("ipuxl.poptorch_compat.runtime.executor", "POPTORCH_VERSION"),
+    "registerPreCompileHook": ("ipuxl.poptorch_compat.compile.hooks", "registerPreCompileHook"),
+    "registerPostCompileHook": ("ipuxl.poptorch_compat.compile.hooks", "registerPostCompileHook"),
     "Options": ("ipuxl.poptorch_compat.options", "Options"),
     "AnchorMode": ("ipuxl.poptorch_compat.options", "AnchorMode"),
     "OutputMode": ("ipuxl.poptorch_compat.options", "OutputMode"),

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from ipuxl.device.report import ProgramReport
     from ipuxl.ir.grad_info import GradGraphInfo
     from ipuxl.ir.graph import Graph
-    from ipuxl.poptorch_compat.program import Program
+    from ipuxl.poptorch_compat.compile.program import Program
 
 __all__ = ["Block", "BeginBlock", "BlockFunction", "removeBlocks", "Stage", "Phase", "PipelinedExecution",
            "ShardedExecution", "SerialPhasedExecution", "ParallelPhasedExecution", "StagePlan", "Placement",

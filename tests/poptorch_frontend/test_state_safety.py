@@ -20,7 +20,7 @@ import torch.nn as nn
 import ipuxl
 from ipuxl import Options
 from ipuxl.errors import AlreadyWrappedError, DeviceError, InvalidArgumentError, StreamInputError, TraceError
-from ipuxl.poptorch_compat import weights
+from ipuxl.poptorch_compat.runtime import weights
 
 from tests.poptorch_frontend._checks import raises_in
 from tests.poptorch_frontend.test_training import MLP, assert_same_weights, eager_steps, make_data

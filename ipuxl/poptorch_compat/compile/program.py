@@ -65,11 +65,11 @@ from ipuxl.ops.collectives import replicated_all_reduce
 from ipuxl.ops.random import split_random_seed
 from ipuxl.ops.var_updates import copy_var_update_
 from ipuxl.optim.rules import RULES, clip_grad_norm
-from ipuxl.poptorch_compat.pipelined import pipelined_inference, pipelined_micro_batches
-from ipuxl.poptorch_compat.translate import ParamPlan
+from ipuxl.poptorch_compat.compile.pipelined import pipelined_inference, pipelined_micro_batches
+from ipuxl.poptorch_compat.compile.translate import ParamPlan
 
 if TYPE_CHECKING:
-    from ipuxl.poptorch_compat.anchors import AnchorPlan, AnchorStreams
+    from ipuxl.poptorch_compat.compile.anchors import AnchorPlan, AnchorStreams
     from ipuxl.poptorch_compat.blocks import StagePlan
 
 __all__ = ["Program", "Gradients", "StartValues", "build_program", "optimizer_structure", "hyper_values",

@@ -33,11 +33,11 @@ from ipuxl.ir.tensor import Tensor
 from ipuxl.passes.outline import outline_ir
 from ipuxl.poptorch_compat.blocks import check_depth, place_gradients, place_variables, placement
 from ipuxl.poptorch_compat.enums import ReductionType
-from ipuxl.poptorch_compat.locations import apply_tensor_locations
+from ipuxl.poptorch_compat.compile.locations import apply_tensor_locations
 from ipuxl.poptorch_compat.options import Options
-from ipuxl.poptorch_compat.precision import precision_rules
-from ipuxl.poptorch_compat.program import Gradients, Program, StartValues, build_program
-from ipuxl.poptorch_compat.translate import ParamPlan
+from ipuxl.poptorch_compat.compile.precision import precision_rules
+from ipuxl.poptorch_compat.compile.program import Gradients, Program, StartValues, build_program
+from ipuxl.poptorch_compat.compile.translate import ParamPlan
 from ipuxl.progress import stage
 from ipuxl.transforms import autodiff
 

@@ -46,24 +46,24 @@ from ipuxl.errors import (
     InvalidValueError, StreamInputError, TraceError, UnsupportedError,
 )
 from ipuxl.ir.context import user_source_line
-from ipuxl.poptorch_compat.anchors import anchorable_names, gather_anchors, parameter_paths, plan_anchors
-from ipuxl.poptorch_compat.batching import (
+from ipuxl.poptorch_compat.compile.anchors import anchorable_names, gather_anchors, parameter_paths, plan_anchors
+from ipuxl.poptorch_compat.compile.batching import (
     MicroBatch, describe, example_call, gather_outputs, replicas_here, split_batch, update_inputs,
 )
 from ipuxl.poptorch_compat.blocks import annotate_report
-from ipuxl.poptorch_compat.compile import compile_model
-from ipuxl.poptorch_compat.compile_hooks import run_post_compile_hooks, run_pre_compile_hooks
-from ipuxl.poptorch_compat.compile_log import log_recompile, program_stages, recompile_reason
+from ipuxl.poptorch_compat.compile.compile_model import compile_model
+from ipuxl.poptorch_compat.compile.hooks import run_post_compile_hooks, run_pre_compile_hooks
+from ipuxl.poptorch_compat.compile.log import log_recompile, program_stages, recompile_reason
 from ipuxl.progress import graph_sizes, pipeline
-from ipuxl.poptorch_compat.executable_file import example_inputs, input_specs, read_executable, write_executable
-from ipuxl.poptorch_compat.memory_format import choose as choose_memory_format, to_format
+from ipuxl.poptorch_compat.runtime.executable_file import example_inputs, input_specs, read_executable, write_executable
+from ipuxl.poptorch_compat.compile.memory_format import choose as choose_memory_format, to_format
 from ipuxl.poptorch_compat.options import Options
-from ipuxl.poptorch_compat.perf import CallTimes, latency, perf_counters
-from ipuxl.poptorch_compat.program import StartValues, hyper_values, optimizer_structure, per_replica_seeds
-from ipuxl.poptorch_compat.translate import AttributeChecks, ParamPlan, check_replacement, translate
-from ipuxl.poptorch_compat.connection import attaches, refuse_offline
-from ipuxl.poptorch_compat.weight_sync import Compiled, WeightSync
-from ipuxl.poptorch_compat.weights import HostSlots, named_tensors, to_numpy
+from ipuxl.poptorch_compat.runtime.perf import CallTimes, latency, perf_counters
+from ipuxl.poptorch_compat.compile.program import StartValues, hyper_values, optimizer_structure, per_replica_seeds
+from ipuxl.poptorch_compat.compile.translate import AttributeChecks, ParamPlan, check_replacement, translate
+from ipuxl.poptorch_compat.runtime.connection import attaches, refuse_offline
+from ipuxl.poptorch_compat.runtime.weight_sync import Compiled, WeightSync
+from ipuxl.poptorch_compat.runtime.weights import HostSlots, named_tensors, to_numpy
 
 __all__ = ["PoplarExecutor", "trainingModel", "inferenceModel", "load", "POPTORCH_VERSION"]
 

@@ -1,0 +1,1 @@
+"""The PopTorch compiler: a wrapped model to a device program."""

@@ -1,0 +1,1 @@
+"""The PopTorch runtime: a compiled program run on a device Session."""
