@@ -70,7 +70,7 @@ from ipuxl.poptorch_compat.compile.translate import ParamPlan
 
 if TYPE_CHECKING:
     from ipuxl.poptorch_compat.compile.anchors import AnchorPlan, AnchorStreams
-    from ipuxl.poptorch_compat.blocks import StagePlan
+    from ipuxl.poptorch_compat.compile.placement import StagePlan
 
 __all__ = ["Program", "Gradients", "StartValues", "build_program", "optimizer_structure", "hyper_values",
            "per_replica_seeds"]

@@ -50,7 +50,7 @@ from ipuxl.poptorch_compat.compile.anchors import anchorable_names, gather_ancho
 from ipuxl.poptorch_compat.compile.batching import (
     MicroBatch, describe, example_call, gather_outputs, replicas_here, split_batch, update_inputs,
 )
-from ipuxl.poptorch_compat.blocks import annotate_report
+from ipuxl.poptorch_compat.compile.report import annotate_report
 from ipuxl.poptorch_compat.compile.compile_model import compile_model
 from ipuxl.poptorch_compat.compile.hooks import run_post_compile_hooks, run_pre_compile_hooks
 from ipuxl.poptorch_compat.compile.log import log_recompile, program_stages, recompile_reason
@@ -478,7 +478,7 @@ class PoplarExecutor:
     def report(self, spec: Any = None) -> Any:
         """The compiled program's ``ipuxl.device.report.ProgramReport`` (op counts, code size with
         outlining, call sites, memory per IPU, FLOPs per step; with blocks on several IPUs, each
-        IPU's share and the pipeline schedule: ``blocks.annotate_report``); ``print`` it for a table."""
+        IPU's share and the pipeline schedule: ``compile.report.annotate_report``); ``print`` it for a table."""
         if self._session is None:
             raise DetachedError("report(): the model has not been compiled yet", where=user_source_line(),
                                 fix="call it after the first model(...) call or model.compile(...)")
