@@ -45,7 +45,7 @@ POPXL: dict[str, str | None] = {
     "popxl.ops.var_updates.utils": "ipuxl.ops.var_updates",
     "popxl.ops.utils": None,
     "popxl.fp8_utils": None,
-    "popxl.remote_buffer": "ipuxl.ir.remote",  # #17: Streaming Memory
+    "popxl.remote_buffer": "ipuxl.ir.remote",  # Streaming Memory
     "popxl.tensorlocation": "ipuxl.ir.remote",
     "popxl.ops.collectives.replica_sharded_slice": "ipuxl.ops.collectives",
     "popxl.ops.collectives.replicated_slice": "ipuxl.ops.collectives",

@@ -11,7 +11,7 @@ names. Here:
   param group, and the eager ``step`` (torch.optim's, after clipping; parameters whose
   states have another dtype are updated by the subclass's eager rule);
 * ``clip_factor``, ``clipped_grads``: PopART's gradient clipping by the global norm;
-* the names and numbers ``translate`` reads (``GLOBAL_EXTRAS``, ``TORCH_STATE_NAMES``,
+* the names and numbers ``compile.translate`` reads (``GLOBAL_EXTRAS``, ``TORCH_STATE_NAMES``,
   ``explicit_state_dtypes``, ``number``...).
 """
 from __future__ import annotations
@@ -133,7 +133,7 @@ class VariableAttributes:
     explicitly to the constructor are variable, the others constant. As in PopTorch,
     constant attributes are baked into the program and ``setOptimizer`` refuses to
     change them once compiled; variable ones are device variables it writes without
-    recompiling (``translate.variable_hypers``). Mark attributes before the model is
+    recompiling (``compile.translate.variable_hypers``). Mark attributes before the model is
     wrapped (``trainingModel`` reads the marks).
 
     Example:
@@ -288,7 +288,7 @@ class Optimizer(_MixinBase):
 
 def unwrapped_step(cls: type[torch.optim.Optimizer]) -> Callable[..., Any]:
     """``cls.step`` without torch's profiling/hook wrapper (``Optimizer.step`` already runs
-    the hooks; ``translate`` compares the steps of two classes)."""
+    the hooks; ``compile.translate`` compares the steps of two classes)."""
     fn: Any = cls.step
     while getattr(fn, "hooked", False) and hasattr(fn, "__wrapped__"):
         fn = fn.__wrapped__

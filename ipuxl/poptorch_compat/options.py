@@ -241,7 +241,7 @@ class Options(RecordedOptions):
         """Replicas in one group of ``input_group_size`` get the same input batch
         (``CommGroupType.Consecutive`` or ``Orthogonal`` groups; ``NoGrouping`` means each
         replica its own): the combined batch then holds ``replicationFactor / input_group_size``
-        slices per step (``batching.replica_groups``)."""
+        slices per step (``compile.batching.replica_groups``)."""
         self._check_not_frozen("inputReplicaGrouping")
         size = check_positive_int(input_group_size, method="Options.inputReplicaGrouping", arg="input_group_size",
                                   example="opts.inputReplicaGrouping(2, poptorch.CommGroupType.Consecutive)")

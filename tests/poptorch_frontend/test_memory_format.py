@@ -1,4 +1,4 @@
-"""A captured model's image inputs may run channels-last (``poptorch_compat.memory_format``):
+"""A captured model's image inputs may run channels-last (``poptorch_compat.compile.memory_format``):
 it trains as eager PyTorch does in that format, and the choice leaves the user's module,
 RNG and tensors alone.
 

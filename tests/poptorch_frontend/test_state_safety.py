@@ -1,7 +1,7 @@
 """State safety of PopTorch-style models: trained weights, checkpoints and device state
 are never stale or lost, forward has eager autograd semantics, wrappers are released.
 
-Most weight tests run in both storage modes of ``poptorch_compat.weights``: "bound"
+Most weight tests run in both storage modes of ``poptorch_compat.runtime.weights``: "bound"
 (the CPU default: the module's tensors are the device storage) and "copied" (the
 device keeps a copy, as on CUDA or with replicas; forced here on the CPU).
 """

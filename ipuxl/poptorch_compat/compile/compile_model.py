@@ -60,7 +60,7 @@ def compile_model(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], *
         OptionsError: the blocks do not fit the execution strategy (``placement.Placement.finish``).
         ExecutorError: a pipeline with too few micro-batches for its stages (``placement.check_depth``).
     """
-    with stage("capture"), placement(options.execution_strategy) as placed:  # each op's stage and IPU (``blocks``)
+    with stage("capture"), placement(options.execution_strategy) as placed:  # each op's stage and IPU (``placement``)
         traced = capture(model, args, kwargs, training=training, outline=options.auto_outline,
                          precision=precision_rules(options))
     stages = placed.finish(traced.gm)
