@@ -38,11 +38,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import ipuxl
-import ipuxl.poptorch_compat.compile as compile_steps
-import ipuxl.poptorch_compat.executor as executor
+import ipuxl.poptorch_compat.compile.compile_model as compile_steps
+import ipuxl.poptorch_compat.runtime.compiled_model as compiled_model
 from ipuxl.ir.calls import CallTarget
 from ipuxl.ir.meta import OP
-from ipuxl.poptorch_compat.program import Program
+from ipuxl.poptorch_compat.compile.program import Program
 
 
 class Block(nn.Module):
@@ -80,12 +80,12 @@ class Net(nn.Module):
 
 
 class PhaseTimer:
-    """Times the compile steps (``poptorch_compat.compile``) and the executor's Session, by phase."""
+    """Times the compile steps (``poptorch_compat.compile.compile_model``) and the executor's Session, by phase."""
 
     # (module, function, phase): the passes phase is the IR import, autodiff and the step program
     STEPS = ((compile_steps, "capture", "capture"), (compile_steps, "import_forward", "passes"),
              (compile_steps, "differentiate", "passes"), (compile_steps, "build_program", "passes"),
-             (compile_steps, "outline_program", "outline"), (executor, "Session", "compile"))
+             (compile_steps, "outline_program", "outline"), (compiled_model, "Session", "compile"))
 
     def __init__(self) -> None:
         self.times: dict[str, float] = {}

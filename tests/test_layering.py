@@ -4,6 +4,9 @@ Layers, bottom up: ``errors``/``dtypes`` -> ``ir`` (data, construction, aliases,
 and ``ops``/``kernels`` -> ``passes`` -> ``device`` -> the front ends
 (``capture`` + ``poptorch_compat``, ``addons_compat``). A module may import its own
 layer and the ones below. Every import counts, including one inside a function.
+
+Inside ``poptorch_compat``, the same shape: PopTorch's namespace modules (its top level)
+-> ``compile`` (the compiler makes a program) -> ``runtime`` (which runs it).
 """
 from __future__ import annotations
 
@@ -24,6 +27,10 @@ FRONT_ENDS = ("ipuxl.poptorch_compat", "ipuxl.addons_compat")
 ALIASES = ("ipuxl.compat", "ipuxl.popdist")
 # Public namespaces that re-export the front ends' names (loaded lazily, PEP 562).
 FACADES = ("ipuxl", "ipuxl.optim")
+# PopTorch's front end: its namespace (the package's top level), its compiler and its runtime
+POPTORCH = "ipuxl.poptorch_compat"
+POPTORCH_COMPILE = ("ipuxl.poptorch_compat.compile",)
+POPTORCH_RUNTIME = ("ipuxl.poptorch_compat.runtime",)
 UPPER = ("ipuxl.capture", "ipuxl.passes", "ipuxl.device", "ipuxl.transforms", *FRONT_ENDS, *ALIASES)
 
 # Private attributes of torch and Python that ipuxl reads on purpose (no public API exists).
@@ -116,6 +123,52 @@ def test_nothing_imports_the_compat_aliases():
 
 def test_passes_do_not_import_the_device():
     assert _violations(lambda m, t, n: _within(m, ("ipuxl.passes",)) and _within(t, ("ipuxl.device", *FRONT_ENDS))) == []
+
+
+def _compile_imports_runtime(module: str, target: str, names: list[str]) -> bool:
+    return _within(module, POPTORCH_COMPILE) and _within(target, POPTORCH_RUNTIME)
+
+
+def _namespace_imports_compile_or_runtime(module: str, target: str, names: list[str]) -> bool:
+    namespace = _within(module, (POPTORCH,)) and module != POPTORCH \
+        and not _within(module, (*POPTORCH_COMPILE, *POPTORCH_RUNTIME))
+    return namespace and _within(target, (*POPTORCH_COMPILE, *POPTORCH_RUNTIME))
+
+
+def test_the_scan_sees_poptorchs_compiler_and_runtime():
+    """The two rules below read real modules: both packages are there, and the runtime
+    does import the compiler (the direction the rules allow)."""
+    modules = {m for m, _, _ in SOURCES}
+    assert {"ipuxl.poptorch_compat.compile.compile_model", "ipuxl.poptorch_compat.compile.program"} <= modules
+    assert {"ipuxl.poptorch_compat.runtime.executor", "ipuxl.poptorch_compat.runtime.weights"} <= modules
+    assert {"ipuxl.poptorch_compat.options", "ipuxl.poptorch_compat.blocks"} <= modules
+    assert any(_within(t, POPTORCH_COMPILE) for m, p, tree in SOURCES if _within(m, POPTORCH_RUNTIME)
+               for _, t, _ in _imports(m, p, tree))
+    assert any(_within(t, (POPTORCH,)) for m, p, tree in SOURCES if _within(m, POPTORCH_COMPILE)
+               for _, t, _ in _imports(m, p, tree))
+
+
+def test_poptorchs_compiler_does_not_import_its_runtime():
+    """The compiler produces a program; the runtime runs it (never the other way round)."""
+    assert _violations(_compile_imports_runtime) == []
+
+
+def test_poptorchs_namespace_imports_neither_compiler_nor_runtime():
+    """``options``, ``blocks``, ``ops``... are what the user writes; the package's
+    ``__init__`` (PopTorch's lazy namespace) may name anything."""
+    assert _violations(_namespace_imports_compile_or_runtime) == []
+
+
+def test_the_poptorch_rules_catch_a_violation():
+    bad = ast.parse("from ipuxl.poptorch_compat.runtime.weights import HostSlots\n"
+                    "import ipuxl.poptorch_compat.compile.program\n")
+    compile_module = ("ipuxl.poptorch_compat.compile.bad", PACKAGE / "poptorch_compat" / "compile" / "bad.py")
+    namespace_module = ("ipuxl.poptorch_compat.bad", PACKAGE / "poptorch_compat" / "bad.py")
+    assert any(_compile_imports_runtime(compile_module[0], t, n) for _, t, n in _imports(*compile_module, bad))
+    assert any(_namespace_imports_compile_or_runtime(namespace_module[0], t, n)
+               for _, t, n in _imports(*namespace_module, bad))
+    runtime_module = ("ipuxl.poptorch_compat.runtime.ok", PACKAGE / "poptorch_compat" / "runtime" / "ok.py")
+    assert not any(_compile_imports_runtime(runtime_module[0], t, n) for _, t, n in _imports(*runtime_module, bad))
 
 
 def test_capture_does_not_import_the_poptorch_wrappers():

@@ -21,7 +21,7 @@ import ipuxl.ops as ops
 import ipuxl.progress
 from ipuxl.errors import InvalidValueError
 from ipuxl.poptorch_compat import setLogLevel
-from ipuxl.poptorch_compat.compile_log import program_stages
+from ipuxl.poptorch_compat.compile.log import program_stages
 
 from conftest import ROOT
 

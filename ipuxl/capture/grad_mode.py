@@ -43,8 +43,8 @@ gradient to ``w``.
 
 So ``torch.no_grad()``, ``torch.enable_grad()``, ``torch.inference_mode()``,
 ``torch.set_grad_enabled()`` and ``requires_grad_`` behave as in eager; a trained
-parameter used only under ``no_grad`` gets no gradient (``poptorch_compat.compile.differentiate``
-does not cross ``detach``).
+parameter used only under ``no_grad`` gets no gradient
+(``poptorch_compat.compile.compile_model.differentiate`` does not cross ``detach``).
 """
 from __future__ import annotations
 

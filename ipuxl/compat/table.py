@@ -57,7 +57,7 @@ POPXL: dict[str, str | None] = {
     "popxl.ops.var_updates.utils": "ipuxl.ops.var_updates",
     "popxl.ops.utils": None,
     "popxl.fp8_utils": None,
-    "popxl.remote_buffer": "ipuxl.ir.remote",  # #17: Streaming Memory
+    "popxl.remote_buffer": "ipuxl.ir.remote",  # Streaming Memory
     "popxl.tensorlocation": "ipuxl.ir.remote",
     "popxl.ops.collectives.replica_sharded_slice": "ipuxl.ops.collectives",
     "popxl.ops.collectives.replicated_slice": "ipuxl.ops.collectives",
@@ -133,7 +133,7 @@ POPTORCH: dict[str, str | None] = {
     "poptorch.ops": "ipuxl.poptorch_compat.ops",
     "poptorch.logging": "ipuxl.poptorch_compat.poptorch_logging",
     "poptorch._logging": "ipuxl.poptorch_compat.poptorch_logging",
-    "poptorch._poplar_executor": "ipuxl.poptorch_compat.executor",
+    "poptorch._poplar_executor": "ipuxl.poptorch_compat.runtime.executor",
     "poptorch._dataloader": "ipuxl.poptorch_compat.dataloader",
     "poptorch.autocasting": None,
     "poptorch.distributed": None,

@@ -3,19 +3,32 @@
 ``ipuxl.compat`` maps ``import poptorch`` to this package, so every name PopTorch
 exports at its top level (``poptorch.trainingModel``, ``poptorch.Options``,
 ``poptorch.enums``, ``poptorch.for_loop`` ...) is an attribute here, loaded on
-first use from the module that defines it (``_LAZY``). One module per concern:
+first use from the module that defines it (``_LAZY``). The package is shaped like
+its pipeline: what the user writes, the compiler, the runtime.
 
-* ``executor``: ``PoplarExecutor``, the wrappers' calls, compiles and device attachment;
-* ``compile``: ``compile_model``, capture -> IR -> autodiff -> step program -> outline;
-* ``program``: the device program's main graph around the captured forward;
-* ``batching``: the combined batch split into streams, outputs per output mode;
-* ``weights``, ``weight_sync``: where the weights live, and when they move;
-* ``options``, ``dataloader``: ``Options``, ``DataLoader``;
-* ``optim``, ``translate``: PopTorch's optimisers, and torch.optim translated to ``ipuxl.optim`` rules.
+PopTorch's namespace (the modules ``poptorch.X`` maps to, and the user's API):
 
-The wrappers are built from the same pieces as the PopXL front end: torch.fx
-capture into the IR (``ipuxl.capture``), ``transforms.autodiff``, the
-``ipuxl.optim`` update rules and the device ``Session``.
+* ``options`` (``recorded_options``, ``option_groups``), ``enums``: ``Options`` and the enums;
+* ``ops`` (a package): ``for_loop``, ``cond``, ``ipu_print_tensor``, ``CPU``...;
+* ``optim`` (``optim_base``): PopTorch's optimisers;
+* ``dataloader``, ``accessor``, ``custom_args``: ``DataLoader``, ``AsynchronousDataAccessor``,
+  ``ICustomArgParser``;
+* ``blocks``: ``Block``, ``BeginBlock``, ``Stage`` and the execution strategies;
+* ``poptorch_logging`` (``poptorch.logging``), ``hardware``.
+
+``compile/``: a wrapped model to a device program (``compile_model``: capture -> IR ->
+autodiff -> step program -> outline), with the program's stream layout (``batching``),
+anchors, optimiser plans (``translate``), block placement and pipelining.
+
+``runtime/``: the program run on a device ``Session``: ``executor`` (``trainingModel``,
+``inferenceModel``, ``PoplarExecutor``), ``compiled_model``, where the weights live and
+when they move (``weights``, ``weight_sync``), executable files, perf counters.
+
+Imports point one way: the namespace modules import neither ``compile`` nor ``runtime``,
+and ``compile`` never imports ``runtime`` (``tests/test_layering.py``). The wrappers are
+built from the same pieces as the PopXL front end: torch.fx capture into the IR
+(``ipuxl.capture``), ``transforms.autodiff``, the ``ipuxl.optim`` update rules and the
+device ``Session``.
 """
 from __future__ import annotations
 
@@ -29,9 +42,9 @@ if TYPE_CHECKING:
     from ipuxl.poptorch_compat.dataloader import DataLoader, DataLoaderMode
     from ipuxl.poptorch_compat.accessor import AsynchronousDataAccessor
     from ipuxl.poptorch_compat.custom_args import ICustomArgParser, registerCustomArgParser
-    from ipuxl.poptorch_compat.executor import PoplarExecutor, inferenceModel, trainingModel
-    from ipuxl.poptorch_compat.executor import load
-    from ipuxl.poptorch_compat.compile_hooks import registerPostCompileHook, registerPreCompileHook
+    from ipuxl.poptorch_compat.runtime.executor import PoplarExecutor, inferenceModel, trainingModel
+    from ipuxl.poptorch_compat.runtime.executor import load
+    from ipuxl.poptorch_compat.compile.hooks import registerPostCompileHook, registerPreCompileHook
     from ipuxl.poptorch_compat.options import AnchorMode, Options, OutputMode
     from ipuxl.errors import ConfigFileError, RecoverableError, UnrecoverableError
     from ipuxl.errors import PoptorchError as Error
@@ -59,13 +72,13 @@ if TYPE_CHECKING:
 _LAZY: dict[str, tuple[str, str | None]] = {
     "DropoutReplay": ("ipuxl.capture.dropout", "DropoutReplay"),
     "identity_loss": ("ipuxl.capture.mode", "identity_loss"),
-    "PoplarExecutor": ("ipuxl.poptorch_compat.executor", "PoplarExecutor"),
-    "trainingModel": ("ipuxl.poptorch_compat.executor", "trainingModel"),
-    "inferenceModel": ("ipuxl.poptorch_compat.executor", "inferenceModel"),
-    "load": ("ipuxl.poptorch_compat.executor", "load"),
-    "__version__": ("ipuxl.poptorch_compat.executor", "POPTORCH_VERSION"),
-    "registerPreCompileHook": ("ipuxl.poptorch_compat.compile_hooks", "registerPreCompileHook"),
-    "registerPostCompileHook": ("ipuxl.poptorch_compat.compile_hooks", "registerPostCompileHook"),
+    "PoplarExecutor": ("ipuxl.poptorch_compat.runtime.executor", "PoplarExecutor"),
+    "trainingModel": ("ipuxl.poptorch_compat.runtime.executor", "trainingModel"),
+    "inferenceModel": ("ipuxl.poptorch_compat.runtime.executor", "inferenceModel"),
+    "load": ("ipuxl.poptorch_compat.runtime.executor", "load"),
+    "__version__": ("ipuxl.poptorch_compat.runtime.executor", "POPTORCH_VERSION"),
+    "registerPreCompileHook": ("ipuxl.poptorch_compat.compile.hooks", "registerPreCompileHook"),
+    "registerPostCompileHook": ("ipuxl.poptorch_compat.compile.hooks", "registerPostCompileHook"),
     "Options": ("ipuxl.poptorch_compat.options", "Options"),
     "AnchorMode": ("ipuxl.poptorch_compat.options", "AnchorMode"),
     "OutputMode": ("ipuxl.poptorch_compat.options", "OutputMode"),

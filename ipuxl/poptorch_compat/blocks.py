@@ -14,21 +14,25 @@ each stage on an IPU (``Stage.ipu(n)``) and says how the stages run:
 * ``SerialPhasedExecution`` / ``ParallelPhasedExecution``: stages grouped into
   execution phases (``poptorch.Phase``).
 
-How ipuxl does it:
+This module is the user's side: the classes above, and each block start handed to the
+capture running in this thread (a ``BlockListener``, see ``listening_to_blocks``);
+outside a capture (the model run eagerly on the CPU) blocks do nothing. The compiler
+does the rest, in order:
 
-1. While a model is captured (``placement``), entering a block asks the strategy's
-   stage manager for the block's stage and IPU, as upstream's ``Block._stages_manager``
-   does; outside a capture (the model run eagerly on the CPU) blocks do nothing.
-2. Every op the trace records after a block starts, up to the next block start, gets
-   that block's ``ipuxl.ir.meta.IPU`` and ``PIPELINE_STAGE`` (``Placement.finish``); ops
-   before the first block belong to stage 0. ``with Block`` ends nothing: as with
-   ``BeginBlock``, ops stay in the last block started until another one starts.
-3. ``check_depth`` refuses a pipeline too shallow for its stages (PopART's message),
-   ``place_variables`` puts each parameter and buffer on the IPU of its first reader.
-
-4. A pipelined training step calls one subgraph per stage in pipeline order
-   (``pipelined``); ``annotate_report`` adds each IPU's FLOPs, the copies between
-   stages and the schedule to ``report()``.
+1. ``compile.placement``: while a model is captured, entering a block asks the
+   strategy's stage manager (``stage_manager``) for the block's stage and IPU, as
+   upstream's ``Block._stages_manager`` does; every op the trace records after a block
+   starts, up to the next block start, gets that block's ``ipuxl.ir.meta.IPU`` and
+   ``PIPELINE_STAGE``; ops before the first block belong to stage 0. ``with Block``
+   ends nothing: as with ``BeginBlock``, ops stay in the last block started until
+   another one starts. ``check_depth`` refuses a pipeline too shallow for its stages
+   (PopART's message).
+2. ``compile.placement_passes``: the grad graph's ops take the backward stage of the
+   forward stage they differentiate; each parameter and buffer goes on the IPU of its
+   first reader.
+3. ``compile.pipelined``: a pipelined training step calls one subgraph per stage in
+   pipeline order; ``compile.report`` adds the copies between stages and the schedule
+   to ``report()``.
 
 Differences from upstream: sharded and phased execution, and inference, run each
 micro-batch's whole forward (and backward) in turn (an inference pipeline would span
@@ -42,34 +46,19 @@ import contextlib
 import functools
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
-import torch.fx as fx
-from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
-from ipuxl.device.pipeline import PipelineSchedule, pipeline_schedule
-from ipuxl.device.report import node_flops
-from ipuxl.errors import ExecutorError, InvalidArgumentError, OptionsError
+from ipuxl.errors import InvalidArgumentError, OptionsError
 from ipuxl.ir.context import user_source_line
-from ipuxl.ir.meta import IPU, PIPELINE_STAGE
-from ipuxl.passes.liveness import tensor_bytes
 from ipuxl.poptorch_compat import enums
 
-if TYPE_CHECKING:
-    from ipuxl.device.report import ProgramReport
-    from ipuxl.ir.grad_info import GradGraphInfo
-    from ipuxl.ir.graph import Graph
-    from ipuxl.poptorch_compat.program import Program
-
 __all__ = ["Block", "BeginBlock", "BlockFunction", "removeBlocks", "Stage", "Phase", "PipelinedExecution",
-           "ShardedExecution", "SerialPhasedExecution", "ParallelPhasedExecution", "StagePlan", "Placement",
-           "placement", "check_depth", "place_gradients", "place_variables", "pipeline_schedule_of",
-           "annotate_report"]
+           "ShardedExecution", "SerialPhasedExecution", "ParallelPhasedExecution", "BlockListener",
+           "listening_to_blocks", "stage_manager"]
 
-_state = threading.local()  # the Placement of the capture running in this thread (``placement``)
-
+_state = threading.local()  # the BlockListener of the capture running in this thread (``listening_to_blocks``)
 
 # -- stages and phases ---------------------------------------------------------------------------
 class Stage:
@@ -185,6 +174,13 @@ class _StageManager:
             self._next_stage += 1
         self._block_map[block_id] = stage
         return stage
+
+    def place(self, block_id: str, ipu_id: int | None) -> tuple[int, int]:
+        """The stage number and IPU of block ``block_id`` (started with ``ipu_id``): the
+        stage's own IPU if it names one, else the block's, else the stage number."""
+        stage = self.getStage(block_id, ipu_id)
+        number = max(stage._stage_id, 0)
+        return number, stage._ipu if stage._ipu is not None else ipu_id if ipu_id is not None else number
 
 
 # -- execution strategies --------------------------------------------------------------------------
@@ -505,301 +501,35 @@ def removeBlocks(module: torch.nn.Module) -> None:  # noqa: N802 - PopTorch's na
                                            if not isinstance(h, _BlockHook))
 
 
-# -- placement while capturing ---------------------------------------------------------------------
-@dataclass
-class StagePlan:
-    """The stages a captured model uses and how they run.
+# -- the capture's side: who hears block starts -------------------------------------------------------
+class BlockListener(Protocol):
+    """What a capture gives the blocks it runs (``compile.placement.Placement``): the
+    stage manager for automatic ids, and each block start."""
 
-    Attributes:
-        kind: "pipelined", "sharded" or "phased".
-        ipus: the IPU of each stage, by stage number (0..N-1).
-        blocks: the blocks of each stage, in the order they ran.
-    """
+    manager: _StageManager
 
-    kind: str
-    ipus: list[int]
-    blocks: list[list[str]] = field(default_factory=list)
-    graphs: list[Graph] = field(default_factory=list)
-    """The forward (and grad) graph whose ops carry the placement, each run once per micro-batch."""
-
-    @property
-    def num_stages(self) -> int:
-        return len(self.ipus)
-
-    @property
-    def num_ipus(self) -> int:
-        """The IPUs the model uses (PopTorch counts them from 0 to the highest used)."""
-        return max(self.ipus) + 1 if self.ipus else 1
-
-    def pipeline_stages(self, training: bool) -> int:
-        """The pipeline stages PopART counts: forward stages, plus the backward ones in
-        training (the last forward stage is also the first backward one)."""
-        return 2 * self.num_stages - 1 if training else self.num_stages
-
-    def describe(self) -> str:
-        """One line per stage: its IPU and blocks."""
-        rows = [f"{self.kind} execution over {self.num_ipus} IPUs, {self.num_stages} stages:"]
-        rows += [f"  stage {s}: IPU {ipu}, blocks {', '.join(self.blocks[s]) or '(none)'}"
-                 for s, ipu in enumerate(self.ipus)]
-        return "\n".join(rows)
+    def begin(self, user_id: str | None, ipu_id: int | None) -> None: ...
 
 
-class Placement:
-    """The blocks a capture meets, and the ops each covers (see the module docstring)."""
-
-    def __init__(self, strategy: Any):
-        self.strategy = strategy if strategy is not None else PipelinedExecution()
-        self.manager = self.strategy._new_manager() if isinstance(self.strategy, _IExecutionStrategy) else \
-            _StageManager(None, enums.AutoStage.SameAsIpu)
-        self._current: dict[fx.Graph, tuple[fx.Node, int, int]] = {}  # graph -> (last node placed, stage, ipu)
-        self._stages: dict[int, int] = {}  # stage -> IPU
-        self._blocks: dict[int, list[str]] = {}
-        self._error: OptionsError | None = None
-
-    def begin(self, user_id: str | None, ipu_id: int | None) -> None:
-        """Block ``user_id`` starts: ops recorded from now on are its stage's."""
-        if self._error is not None:
-            return
-        block = str(user_id) if user_id is not None else self.manager.nextAutoId()
-        try:
-            stage = self.manager.getStage(block, ipu_id)
-        except OptionsError as exc:  # raised after the trace (finish): torch would wrap it as a trace failure
-            self._error = exc
-            return
-        number = max(stage._stage_id, 0)
-        ipu = stage._ipu if stage._ipu is not None else ipu_id if ipu_id is not None else number
-        if self._stages.setdefault(number, ipu) != ipu:
-            self._error = OptionsError(
-                f"stage {number} placed on IPU {self._stages[number]} and on IPU {ipu} (block '{block}')",
-                where=user_source_line(), fix="give every block of a stage the same ipu_id, or set Stage(...).ipu(n)")
-            return
-        if block not in self._blocks.setdefault(number, []):
-            self._blocks[number].append(block)
-        mode = get_proxy_mode()
-        if mode is None:  # not tracing (a dry run on meta tensors): nothing to place
-            return
-        graph = mode.tracer.graph
-        self._place_pending(graph)
-        self._current[graph] = (_last_node(graph), number, ipu)
-
-    def _place_pending(self, graph: fx.Graph) -> None:
-        """Give the ops recorded since the last block start their block's stage and IPU."""
-        last, stage, ipu = self._current.get(graph, (None, 0, self._stages.get(0, 0)))
-        nodes = list(graph.nodes)
-        for node in nodes[nodes.index(last) + 1 if last is not None else 0:]:
-            if node.op not in ("placeholder", "output"):
-                node.meta[IPU], node.meta[PIPELINE_STAGE] = ipu, stage
-
-    def finish(self, gm: fx.GraphModule) -> StagePlan | None:
-        """Place the trace's last ops and check the stages: the plan, or None when the
-        model has no blocks (one IPU, no pipeline)."""
-        if self._error is not None:
-            raise self._error
-        if not self._stages:
-            return None
-        if gm.graph in self._current:
-            self._place_pending(gm.graph)
-        missing = [s for s in range(len(self._stages)) if s not in self._stages]
-        if missing:
-            raise OptionsError(f"The set of pipeline stages for all Ops contains {len(self._stages)} stages, but "
-                               f"stage {missing[0]} is missing (stages used: {sorted(self._stages)})",
-                               where=user_source_line(),
-                               fix="number the stages from 0 without gaps (with AutoStage.SameAsIpu: the blocks' "
-                                   "ipu_id)")
-        kind = getattr(self.strategy, "kind", "pipelined")
-        if kind == "pipelined":
-            _check_stage_order(gm.graph)
-        count = len(self._stages)
-        return StagePlan(kind, [self._stages[s] for s in range(count)], [self._blocks.get(s, []) for s in range(count)])
+def stage_manager(strategy: Any) -> _StageManager:
+    """A fresh stage manager for one capture under ``strategy`` (an execution strategy;
+    anything else: PopTorch's default, ``AutoStage.SameAsIpu``)."""
+    if isinstance(strategy, _IExecutionStrategy):
+        return strategy._new_manager()
+    return _StageManager(None, enums.AutoStage.SameAsIpu)
 
 
-def _last_node(graph: fx.Graph) -> fx.Node:
-    *_, last = graph.nodes
-    return last
-
-
-def _check_stage_order(graph: fx.Graph) -> None:
-    """A pipelined op may not read a value computed in a later stage (PopART refuses it)."""
-    for node in graph.nodes:
-        stage = node.meta.get(PIPELINE_STAGE)
-        if stage is None:
-            continue
-        for source in node.all_input_nodes:
-            produced = source.meta.get(PIPELINE_STAGE)
-            if produced is not None and produced > stage:
-                raise OptionsError(
-                    f"Tensor {source.name} is consumed in an earlier pipeline stage ({stage}, by {node.name}) than "
-                    f"it is produced ({produced})", where=user_source_line(),
-                    fix="order the pipeline's stages as the model runs its blocks, or use ShardedExecution")
-
-
-def _active() -> Placement | None:
-    return getattr(_state, "placement", None)
+def _active() -> BlockListener | None:
+    return getattr(_state, "listener", None)
 
 
 @contextlib.contextmanager
-def placement(strategy: Any) -> Iterator[Placement]:
-    """Blocks met while the body captures a model are placed by ``strategy``'s stages
-    (``None``: PopTorch's default, ``PipelinedExecution(AutoStage.SameAsIpu)``)."""
+def listening_to_blocks(listener: BlockListener) -> Iterator[BlockListener]:
+    """Blocks started in this thread while the body runs go to ``listener`` (the one
+    outside is restored afterwards)."""
     outer = _active()
-    found = Placement(strategy)
-    _state.placement = found
+    _state.listener = listener
     try:
-        yield found
+        yield listener
     finally:
-        _state.placement = outer
-
-
-# -- checks and variables ----------------------------------------------------------------------------
-def check_depth(plan: StagePlan | None, *, training: bool, gradient_accumulation: int,
-                device_iterations: int) -> None:
-    """Refuse a pipeline with too few micro-batches to fill it (PopART's check and message).
-
-    Raises:
-        ExecutorError: pipelined training with ``gradientAccumulation`` below the number
-            of pipeline stages (``2 * N - 1`` for N forward stages), or pipelined
-            inference with ``deviceIterations`` below N.
-    """
-    if plan is None or plan.kind != "pipelined" or plan.num_stages < 2:
-        return
-    needed = plan.pipeline_stages(training)
-    if training and gradient_accumulation < needed:
-        raise ExecutorError(
-            f"For pipelining, depth (gradient accumulation factor) must equal at least the number of pipeline stages "
-            f"({needed}): {plan.num_stages} forward stages make {needed} pipeline stages in training, and "
-            f"gradientAccumulation is {gradient_accumulation}", where=user_source_line(),
-            fix=f"set opts.Training.gradientAccumulation({needed}) or more, or use poptorch.ShardedExecution")
-    if not training and device_iterations < needed:
-        raise ExecutorError(
-            f"For pipelining, depth (batchesPerStep) must equal at least the number of pipeline stages ({needed}): "
-            f"deviceIterations is {device_iterations}", where=user_source_line(),
-            fix=f"set opts.deviceIterations({needed}) or more, or use poptorch.ShardedExecution")
-
-
-def place_gradients(info: GradGraphInfo, plan: StagePlan) -> None:
-    """Place the grad graph's ops: each runs on the IPU of the forward stage it
-    differentiates, in that stage's backward pipeline stage (``2 * N - 2 - s`` for
-    forward stage ``s``, as PopART numbers them).
-
-    1. Each grad-graph input takes the stage of the forward tensor it connects to.
-    2. In program order, an op takes the lowest forward stage among its inputs (the
-       gradient flowing back from stage ``s + 1`` meets stage ``s``'s activations).
-    3. Ops that read nothing placed (constants) take the stage of their first reader.
-    """
-    forward_stage: dict[fx.Node, int] = {}
-    for grad_input, connection in zip(info.graph.inputs, info.expected_inputs):
-        stage = connection.fwd_tensor.node.meta.get(PIPELINE_STAGE)
-        if stage is not None:
-            forward_stage[grad_input.node] = stage
-    unplaced = []
-    for node in info.graph.fx.nodes:
-        if node.op in ("placeholder", "output"):
-            continue
-        stages = [forward_stage[n] for n in node.all_input_nodes if n in forward_stage]
-        if stages:
-            forward_stage[node] = min(stages)
-        else:
-            unplaced.append(node)
-    for node in reversed(unplaced):
-        readers = [forward_stage[u] for u in node.users if u in forward_stage]
-        if readers:
-            forward_stage[node] = min(readers)
-    _place_weight_gradients(info, forward_stage)
-    last = 2 * plan.num_stages - 2
-    for node, stage in forward_stage.items():
-        if node.op != "placeholder":
-            node.meta[IPU], node.meta[PIPELINE_STAGE] = plan.ipus[stage], last - stage
-
-
-def _place_weight_gradients(info: GradGraphInfo, forward_stage: dict[fx.Node, int]) -> None:
-    """4. The ops that only compute a parameter's gradient run in the stage of the
-    parameter's first reader, even when they read an activation of an earlier stage."""
-    for result, connection in zip(info.graph.outputs, info.expected_outputs):
-        readers = [u.meta[PIPELINE_STAGE] for u in connection.fwd_tensor.node.users if PIPELINE_STAGE in u.meta]
-        if not readers:
-            continue
-        owned: set[fx.Node] = set()
-        stack = [result.node]
-        while stack:
-            node = stack.pop()
-            if node.op == "placeholder" or node in owned or any(
-                    u not in owned and u.op != "output" for u in node.users):
-                continue
-            owned.add(node)
-            forward_stage[node] = min(readers)
-            stack.extend(node.all_input_nodes)
-
-
-def place_variables(program: Program, forward: Graph) -> None:
-    """Put each parameter and buffer variable on the IPU of the first op that reads it."""
-    traced = program.traced
-    n_in = len(traced.input_names)
-    names = traced.params + traced.buffers
-    held = {**program.params, **program.buffers}
-    order = {node: i for i, node in enumerate(forward.fx.nodes)}
-    for name, forward_input in zip(names, forward.inputs[n_in:n_in + len(names)]):
-        readers = [u for u in forward_input.node.users if IPU in u.meta]
-        if readers and name in held:
-            held[name].node.meta[IPU] = min(readers, key=order.__getitem__).meta[IPU]
-
-
-# -- the report --------------------------------------------------------------------------------------
-def pipeline_schedule_of(program: Program, device_iterations: int) -> tuple[PipelineSchedule, dict[int, int]] | None:
-    """The schedule a pipelined IPU program of ``program`` runs, and each pipeline stage's IPU.
-
-    Training runs ``2 * N - 1`` pipeline stages (forward stages, then the backward ones on
-    the same IPUs in reverse order) over the gradient accumulation's micro-batches;
-    inference runs the N forward stages over the device iterations. None: not pipelined.
-    """
-    plan = program.stages
-    if plan is None or plan.kind != "pipelined" or plan.num_stages < 2:
-        return None
-    count = plan.pipeline_stages(program.training)
-    last = 2 * plan.num_stages - 2
-    stage_ipus = {s: plan.ipus[s if s < plan.num_stages else last - s] for s in range(count)}
-    micro_batches = program.micro_batches if program.training else device_iterations
-    return pipeline_schedule(count, micro_batches), stage_ipus
-
-
-def annotate_report(report: ProgramReport, program: Program, device_iterations: int) -> ProgramReport:
-    """Complete the per-IPU part of a PopTorch program's report: the copies PopTorch inserts
-    at stage boundaries and the pipeline schedule with each IPU's idle fraction. (Memory and
-    FLOPs per IPU come from ``device.ipus.ipu_report``, which charges each op of the stage
-    graphs to its own IPU.)"""
-    ipus = report.ipus
-    if program.stages is None or ipus is None:
-        return report
-    runs = program.micro_batches * program.ir.num_host_transfers
-    for (source, destination), size in _stage_copies(program, runs).items():
-        ipus.copies[(source, destination)] = ipus.copies.get((source, destination), 0) + size
-        if max(source, destination) < len(ipus.ipus):
-            ipus.ipus[source].copy_out_bytes += size
-            ipus.ipus[destination].copy_in_bytes += size
-    found = pipeline_schedule_of(program, device_iterations)
-    if found is not None:
-        ipus.schedule, ipus.stage_ipus = found
-        for ipu, idle in ipus.schedule.idle_fraction(ipus.stage_ipus).items():
-            if ipu < len(ipus.ipus):
-                ipus.ipus[ipu].idle_fraction = idle
-    return report
-
-
-def _stage_copies(program: Program, runs: int) -> dict[tuple[int, int], int]:
-    """(source IPU, destination IPU) -> bytes per run that cross IPUs between the ops of
-    the forward and grad graphs (the copies PopTorch inserts at stage boundaries)."""
-    found: dict[tuple[int, int], int] = {}
-    assert program.stages is not None
-    for graph in program.stages.graphs:
-        sent: set[tuple[fx.Node, int]] = set()
-        for node in graph.fx.nodes:
-            destination = node.meta.get(IPU)
-            if destination is None or node.op != "call_function":
-                continue
-            for source in node.all_input_nodes:
-                there = source.meta.get(IPU)
-                if there is None or there == destination or (source, destination) in sent:
-                    continue
-                sent.add((source, destination))
-                key = (int(there), int(destination))
-                found[key] = found.get(key, 0) + runs * tensor_bytes(source.meta.get("val"))
-    return found
+        _state.listener = outer

@@ -365,7 +365,7 @@ class TensorLocationSettings(OptionGroup):
     """Where one kind of tensor is stored (``poptorch.TensorLocationSettings``), passed to
     ``opts.TensorLocations.set*Location``. Honoured by the resource model for weights and
     optimiser state (off-chip tensors are counted in Streaming Memory with their per-step
-    traffic, sharded ones per replica: ``poptorch_compat.locations``); values are unchanged."""
+    traffic, sharded ones per replica: ``poptorch_compat.compile.locations``); values are unchanged."""
 
     _path = "TensorLocationSettings"
     _upstream_name = "TensorLocationSettings"
@@ -418,7 +418,7 @@ class TensorLocationSettings(OptionGroup):
 class TensorLocationOptions(OptionGroup):
     """``opts.TensorLocations``: where activations, weights, optimiser state and
     accumulators live, and how many IO tiles there are. Recorded (``toDict()``); weight and
-    optimiser locations are honoured in the resource model (``poptorch_compat.locations``),
+    optimiser locations are honoured in the resource model (``poptorch_compat.compile.locations``),
     activation and accumulator locations and IO tiles have no effect on the simulated device."""
 
     _path = "Options.TensorLocations"

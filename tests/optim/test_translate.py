@@ -1,4 +1,4 @@
-"""ipuxl.poptorch_compat.translate: torch optimisers -> per-parameter plans, and state both ways.
+"""ipuxl.poptorch_compat.compile.translate: torch optimisers -> per-parameter plans, and state both ways.
 
 The state tests run the rules in a real ipuxl program (a weight variable updated from
 host-streamed gradients) between eager steps, and check that "eager, device, eager"
@@ -16,7 +16,7 @@ import ipuxl.ops as ops
 from ipuxl.errors import InvalidArgumentError
 from ipuxl.optim import rules
 from ipuxl.poptorch_compat import optim as ts
-from ipuxl.poptorch_compat.translate import ParamPlan, initial_state, translate, write_state
+from ipuxl.poptorch_compat.compile.translate import ParamPlan, initial_state, translate, write_state
 
 
 class Net(torch.nn.Module):

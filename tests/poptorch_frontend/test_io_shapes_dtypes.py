@@ -11,7 +11,7 @@ import torch.nn as nn
 from torch.testing import assert_close
 
 from ipuxl.errors import BatchSizeError
-from ipuxl.poptorch_compat.executor import inferenceModel, trainingModel
+from ipuxl.poptorch_compat.runtime.executor import inferenceModel, trainingModel
 from ipuxl.poptorch_compat.options import Options, OutputMode
 from tests.poptorch_frontend._checks import as_poptorch
 from tests.poptorch_frontend._checks import raises_in

@@ -1,4 +1,4 @@
-"""A captured model's image inputs may run channels-last (``poptorch_compat.memory_format``):
+"""A captured model's image inputs may run channels-last (``poptorch_compat.compile.memory_format``):
 it trains as eager PyTorch does in that format, and the choice leaves the user's module,
 RNG and tensors alone.
 
@@ -16,8 +16,8 @@ import torch.nn as nn
 from torch.testing import assert_close
 
 import ipuxl
-from ipuxl.poptorch_compat import memory_format
-from ipuxl.poptorch_compat.batching import example_call, split_batch
+from ipuxl.poptorch_compat.compile import memory_format
+from ipuxl.poptorch_compat.compile.batching import example_call, split_batch
 
 CL = torch.channels_last
 STEPS, BATCH = 2, 4

@@ -12,7 +12,7 @@ from torch.testing import assert_close
 
 import ipuxl.poptorch_compat as poptorch
 from ipuxl.errors import ExecutorError
-from ipuxl.poptorch_compat.translate import translate, variable_hypers
+from ipuxl.poptorch_compat.compile.translate import translate, variable_hypers
 from tests.poptorch_frontend._checks import eager_micro_steps, mlp_data, raises_in, tanh_mlp
 
 raises = raises_in(__file__)

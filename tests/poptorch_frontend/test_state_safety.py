@@ -1,7 +1,7 @@
 """State safety of PopTorch-style models: trained weights, checkpoints and device state
 are never stale or lost, forward has eager autograd semantics, wrappers are released.
 
-Most weight tests run in both storage modes of ``poptorch_compat.weights``: "bound"
+Most weight tests run in both storage modes of ``poptorch_compat.runtime.weights``: "bound"
 (the CPU default: the module's tensors are the device storage) and "copied" (the
 device keeps a copy, as on CUDA or with replicas; forced here on the CPU).
 """
@@ -20,7 +20,7 @@ import torch.nn as nn
 import ipuxl
 from ipuxl import Options
 from ipuxl.errors import AlreadyWrappedError, DeviceError, InvalidArgumentError, StreamInputError, TraceError
-from ipuxl.poptorch_compat import weights
+from ipuxl.poptorch_compat.runtime import weights
 
 from tests.poptorch_frontend._checks import raises_in
 from tests.poptorch_frontend.test_training import MLP, assert_same_weights, eager_steps, make_data

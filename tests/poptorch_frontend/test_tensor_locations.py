@@ -1,4 +1,4 @@
-"""PopTorch's ``Options.TensorLocations`` in the resource model (``poptorch_compat.locations``):
+"""PopTorch's ``Options.TensorLocations`` in the resource model (``poptorch_compat.compile.locations``):
 off-chip weights / optimiser state are accounted in Streaming Memory with their per-step
 traffic, replicated tensor sharding as each replica's shard; values are unchanged."""
 from __future__ import annotations

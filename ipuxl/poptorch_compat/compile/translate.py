@@ -35,7 +35,7 @@ from ipuxl.errors import ExecutorError, InvalidArgumentError
 from ipuxl.ir.context import user_source_line
 from ipuxl.optim.rules import StateSpec, state_specs
 from ipuxl.poptorch_compat import optim as poptorch_optim
-from ipuxl.poptorch_compat.optim import (
+from ipuxl.poptorch_compat.optim_base import (
     GLOBAL_EXTRAS, INF, LAMB_MAX_WEIGHT_NORM, TORCH_STATE_NAMES, check_extras, explicit_state_dtypes, scalar_dtype,
     unwrapped_step,
 )

@@ -65,12 +65,12 @@ from ipuxl.ops.collectives import replicated_all_reduce
 from ipuxl.ops.random import split_random_seed
 from ipuxl.ops.var_updates import copy_var_update_
 from ipuxl.optim.rules import RULES, clip_grad_norm
-from ipuxl.poptorch_compat.pipelined import pipelined_inference, pipelined_micro_batches
-from ipuxl.poptorch_compat.translate import ParamPlan
+from ipuxl.poptorch_compat.compile.pipelined import pipelined_inference, pipelined_micro_batches
+from ipuxl.poptorch_compat.compile.translate import ParamPlan
 
 if TYPE_CHECKING:
-    from ipuxl.poptorch_compat.anchors import AnchorPlan, AnchorStreams
-    from ipuxl.poptorch_compat.blocks import StagePlan
+    from ipuxl.poptorch_compat.compile.anchors import AnchorPlan, AnchorStreams
+    from ipuxl.poptorch_compat.compile.placement import StagePlan
 
 __all__ = ["Program", "Gradients", "StartValues", "build_program", "optimizer_structure", "hyper_values",
            "per_replica_seeds"]
@@ -135,7 +135,7 @@ class Program:
     reduction: str = "mean"
     # the anchored tensors' streams (``Options.anchorTensor``), None without anchors
     anchors: AnchorStreams | None = None
-    # the model's pipeline stages and their IPUs (``blocks``), None without blocks
+    # the model's pipeline stages and their IPUs (``placement.StagePlan``), None without blocks
     stages: StagePlan | None = None
 
     @property
@@ -176,7 +176,7 @@ def build_program(ir: Ir, traced: TracedModule, forward: Graph, gradients: Gradi
         plans: ``translate`` plans of the trained parameters (training only), in optimiser order.
         reduction: "mean" (default) or "sum": how the micro-batches' and replicas'
             gradients combine before the optimiser step.
-        stages: the model's pipeline stages (``blocks``), None without blocks; a pipeline
+        stages: the model's pipeline stages (``placement.StagePlan``), None without blocks; a pipeline
             runs its micro-batches' stages in pipeline order (``pipelined``).
     """
     program = Program(ir, traced, gradients is not None, micro_batches, [], [], {}, {},

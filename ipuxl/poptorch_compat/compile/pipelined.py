@@ -45,12 +45,12 @@ from ipuxl.ir.meta import CALLED_GRAPH, IPU, PIPELINE_STAGE
 from ipuxl.ops import cast, host_load, host_store
 from ipuxl.ops.call import call
 from ipuxl.ops.var_updates import copy_var_update_
-from ipuxl.poptorch_compat.stages import FromInput, FromStage, Source, StageSplit, split_by_stage
+from ipuxl.poptorch_compat.compile.stages import FromInput, FromStage, Source, StageSplit, split_by_stage
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
     from ipuxl.ir.tensor import Tensor, Variable
-    from ipuxl.poptorch_compat.program import Gradients, Program
+    from ipuxl.poptorch_compat.compile.program import Gradients, Program
 
 __all__ = ["pipelined_micro_batches", "pipelined_inference"]
 

@@ -27,7 +27,7 @@ from ipuxl.device.resources import StoredTensor, tensor_locations
 if TYPE_CHECKING:
     from ipuxl.ir.tensor import Variable
     from ipuxl.poptorch_compat.options import Options
-    from ipuxl.poptorch_compat.program import Program
+    from ipuxl.poptorch_compat.compile.program import Program
 
 __all__ = ["apply_tensor_locations", "MIN_ELEMENTS_FOR_OFF_CHIP", "MIN_ELEMENTS_FOR_RTS"]
 

@@ -37,7 +37,7 @@ from ipuxl.ir.world import world
 from ipuxl.poptorch_compat.custom_args import register_subclasses
 from ipuxl.poptorch_compat.enums import CommGroupType
 from ipuxl.poptorch_compat.options import Options, OutputMode
-from ipuxl.poptorch_compat.program import Program
+from ipuxl.poptorch_compat.compile.program import Program
 
 __all__ = ["local_replica_range", "MicroBatch", "SplitBatch", "split_batch", "example_call", "describe", "replicas_here", "gather_outputs",
            "update_inputs", "reduce_outputs", "replica_groups"]

@@ -1,15 +1,16 @@
-"""``trainingModel`` / ``inferenceModel``: PopTorch's wrappers on ipuxl's IR and device.
+"""A wrapped module compiled on demand and run on a device ``Session`` (the core of ``PoplarExecutor``).
 
-A ``PoplarExecutor`` (upstream's class name) owns the user's module, compiles it on
-the first call (``compile.compile_model``: capture, IR, autodiff, step program,
-outlining) and runs it on a ``Session``: one call of the wrapper is one
-``Session.run`` of ``deviceIterations`` steps over the combined batch.
+A ``CompiledModel`` owns the user's module, compiles it on the first call
+(``compile.compile_model``: capture, IR, autodiff, step program, outlining) and runs it
+on a ``Session``: one call is one ``Session.run`` of ``deviceIterations`` steps over the
+combined batch. It recompiles when a call's inputs change (``compile.log`` says why).
+``runtime.executor.PoplarExecutor`` adds PopTorch's introspection and file API to it.
 
 With ``replicationFactor(R)`` the program runs R data-parallel replicas (see
-``program``). The combined batch is split as PopART lays out host data, and
-outputs come back in the same order (``batching``). Under torchrun (``WORLD_SIZE``
-= P > 1) each process feeds and gets back only its R / P replicas, as each PopTorch
-process does with PopRun; the weights read back are replica 0's.
+``compile.program``). The combined batch is split as PopART lays out host data, and
+outputs come back in the same order (``compile.batching``). Under torchrun
+(``WORLD_SIZE`` = P > 1) each process feeds and gets back only its R / P replicas, as
+each PopTorch process does with PopRun; the weights read back are replica 0's.
 
 Weights (``weights``, ``weight_sync``, README "Weights and checkpoints"): on the CPU
 devices the host module's parameters and buffers are the device's storage, so the
@@ -19,12 +20,6 @@ reads of the module pull and host writes push, per tensor. The torch optimiser's
 A run that fails in step k keeps steps 1..k-1 (host and device agree; the error
 says so). A refused call (a shape that cannot be traced, a changed input dtype)
 leaves the compiled program and the weights as they were.
-
-PopTorch's executor API is here too: ``getPerfCounters`` and the latencies (``perf``:
-host timestamps of the whole call), ``getTensorNames`` (the IR's names),
-``rng_state`` (the device seed), ``save``/``compileAndExport``/``loadExecutable`` and
-``load`` (``executable_file``: an ipuxl file that rebuilds the program), the compile
-hooks (``compile_hooks``) and ``cycleCount`` (refused: no cycle counter).
 """
 from __future__ import annotations
 
@@ -32,7 +27,7 @@ import logging
 import os
 import time
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -43,58 +38,43 @@ from ipuxl.device.profile import Profile
 from ipuxl.device.session import Session, device_for
 from ipuxl.dtypes import to_numpy_dtype
 from ipuxl.errors import (
-    AlreadyWrappedError, AnchorError, DetachedError, DeviceError, ExecutorError, InvalidArgumentError,
-    InvalidValueError, StreamInputError, TraceError, UnsupportedError,
+    AlreadyWrappedError, DetachedError, DeviceError, ExecutorError, InvalidArgumentError, StreamInputError, TraceError,
 )
 from ipuxl.ir.context import user_source_line
-from ipuxl.poptorch_compat.anchors import anchorable_names, gather_anchors, parameter_paths, plan_anchors
-from ipuxl.poptorch_compat.batching import (
+from ipuxl.poptorch_compat.compile.anchors import gather_anchors, plan_anchors
+from ipuxl.poptorch_compat.compile.batching import (
     MicroBatch, describe, example_call, gather_outputs, replicas_here, split_batch, update_inputs,
 )
-from ipuxl.poptorch_compat.blocks import annotate_report
-from ipuxl.poptorch_compat.compile import compile_model
-from ipuxl.poptorch_compat.compile_hooks import run_post_compile_hooks, run_pre_compile_hooks
-from ipuxl.poptorch_compat.compile_log import log_recompile, program_stages, recompile_reason
-from ipuxl.progress import graph_sizes, pipeline
-from ipuxl.poptorch_compat.executable_file import example_inputs, input_specs, read_executable, write_executable
-from ipuxl.poptorch_compat.memory_format import choose as choose_memory_format, to_format
+from ipuxl.poptorch_compat.compile.compile_model import compile_model
+from ipuxl.poptorch_compat.compile.hooks import run_post_compile_hooks, run_pre_compile_hooks
+from ipuxl.poptorch_compat.compile.log import log_recompile, program_stages, recompile_reason
+from ipuxl.poptorch_compat.compile.memory_format import choose as choose_memory_format, to_format
+from ipuxl.poptorch_compat.compile.program import StartValues, hyper_values, optimizer_structure
+from ipuxl.poptorch_compat.compile.report import annotate_report
+from ipuxl.poptorch_compat.compile.translate import AttributeChecks, ParamPlan, check_replacement, translate
 from ipuxl.poptorch_compat.options import Options
-from ipuxl.poptorch_compat.perf import CallTimes, latency, perf_counters
-from ipuxl.poptorch_compat.program import StartValues, hyper_values, optimizer_structure, per_replica_seeds
-from ipuxl.poptorch_compat.translate import AttributeChecks, ParamPlan, check_replacement, translate
-from ipuxl.poptorch_compat.connection import attaches, refuse_offline
-from ipuxl.poptorch_compat.weight_sync import Compiled, WeightSync
-from ipuxl.poptorch_compat.weights import HostSlots, named_tensors, to_numpy
+from ipuxl.poptorch_compat.runtime.connection import attaches, refuse_offline
+from ipuxl.poptorch_compat.runtime.executable_file import input_specs
+from ipuxl.poptorch_compat.runtime.perf import CallTimes
+from ipuxl.poptorch_compat.runtime.weight_sync import Compiled, WeightSync
+from ipuxl.poptorch_compat.runtime.weights import HostSlots, named_tensors, to_numpy
+from ipuxl.progress import graph_sizes, pipeline
 
-__all__ = ["PoplarExecutor", "trainingModel", "inferenceModel", "load", "POPTORCH_VERSION"]
+__all__ = ["CompiledModel", "refuse_second_training_wrapper", "NO_EXECUTABLE"]
 
-#: ``poptorch.__version__``: the PopTorch release whose API ipuxl follows, with ipuxl as local label
-POPTORCH_VERSION = "3.3.0+ipuxl"
 #: PopTorch's message when a method needs a compiled executable
 NO_EXECUTABLE = "Model has not been compiled or has been destroyed."
 
-_LIVE: "weakref.WeakSet[PoplarExecutor]" = weakref.WeakSet()
+_LIVE: "weakref.WeakSet[CompiledModel]" = weakref.WeakSet()
 _LOG = logging.getLogger("poptorch::python")
 
 
-def trainingModel(model: torch.nn.Module, options: Options | None = None,  # noqa: N802 - PopTorch's name
-                  optimizer: torch.optim.Optimizer | None = None,
-                  loss: Callable[[Any, Any], torch.Tensor] | None = None) -> "PoplarExecutor":
-    """Wrap ``model`` for training on the device (PopTorch's ``trainingModel``).
+def refuse_second_training_wrapper(model: torch.nn.Module) -> None:
+    """Refuse to wrap ``model`` for training while a live training model wraps it.
 
-    Args:
-        model: an ``nn.Module`` whose forward returns the loss, alone or among its
-            outputs (see ``capture.mode`` for how the loss is found).
-        options: ``ipuxl.Options`` (device iterations, gradient accumulation,
-            output mode, random seed); frozen once the model is compiled.
-        optimizer: a ``torch.optim`` SGD/Adam/AdamW/RMSprop or an ``ipuxl.optim``
-            optimiser over the model's parameters (default: SGD, lr 0.01, as upstream).
-        loss: optional loss function: the model then returns only its output,
-            the last input of each call is the target, and the wrapper returns
-            ``(output, loss)``.
+    Raises:
+        AlreadyWrappedError: a training model that was not destroyed wraps ``model``.
     """
-    if isinstance(model, PoplarExecutor):
-        model = model._user_model
     for other in list(_LIVE):
         if other.training and not other._destroyed and other._user_model is model:
             raise AlreadyWrappedError(
@@ -102,15 +82,6 @@ def trainingModel(model: torch.nn.Module, options: Options | None = None,  # noq
                 where=user_source_line(),
                 fix="call destroy() on the existing training model (it copies the weights back) before wrapping "
                     "the module again, or keep using the existing one")
-    if optimizer is None and any(p.requires_grad for p in model.parameters()):
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    return PoplarExecutor(model, options, training=True, optimizer=optimizer, loss=loss)
-
-
-def inferenceModel(model: torch.nn.Module, options: Options | None = None) -> "PoplarExecutor":  # noqa: N802
-    """Wrap ``model`` for inference on the device: eval mode (dropout off, BatchNorm
-    running statistics), outputs of every iteration by default (``OutputMode.All``)."""
-    return PoplarExecutor(model, options, training=False)
 
 
 class _WithLoss(torch.nn.Module):
@@ -124,8 +95,8 @@ class _WithLoss(torch.nn.Module):
         return output, self.loss_fn(output, args[-1])
 
 
-class PoplarExecutor:
-    """A module compiled for the device; call it like the module (see ``trainingModel``)."""
+class CompiledModel:
+    """A module compiled for the device on demand; call it like the module (see ``runtime.executor``)."""
 
     def __init__(self, model: torch.nn.Module, options: Options | None, *, training: bool,
                  optimizer: torch.optim.Optimizer | None = None, loss: Callable | None = None):
@@ -137,6 +108,7 @@ class PoplarExecutor:
                                        where=user_source_line(), fix="pass ipuxl.Options()")
         self._user_model = model
         self._model = model if loss is None else _WithLoss(model, loss)  # what the program calls
+        self._loss = loss  # the loss function of trainingModel(..., loss=...), or None
         self.options = options if options is not None else Options()
         self.training = training
         self._names = {p: n for n, p in torch.nn.Module.named_parameters(self._model)}
@@ -482,7 +454,8 @@ class PoplarExecutor:
     def report(self, spec: Any = None) -> Any:
         """The compiled program's ``ipuxl.device.report.ProgramReport`` (op counts, code size with
         outlining, call sites, memory per IPU, FLOPs per step; with blocks on several IPUs, each
-        IPU's share and the pipeline schedule: ``blocks.annotate_report``); ``print`` it for a table."""
+        IPU's share and the pipeline schedule: ``compile.report.annotate_report``); ``print`` it
+        for a table."""
         if self._session is None:
             raise DetachedError("report(): the model has not been compiled yet", where=user_source_line(),
                                 fix="call it after the first model(...) call or model.compile(...)")
@@ -497,139 +470,12 @@ class PoplarExecutor:
         """Whether the model has been compiled (and not destroyed)."""
         return self._sync.compiled is not None
 
-    # -- PopTorch's executor API: perf counters, tensor names, random state, files ------------
-    def getPerfCounters(self) -> dict[str, list[list[float]]]:  # noqa: N802
-        """Timestamps of the last call: ``{"input", "input_complete", "output",
-        "output_complete"}``, each a list per input (output) tensor of one value per
-        device iteration, in seconds. ipuxl times the whole call, not each iteration:
-        every iteration holds the call's timestamps (see ``perf``)."""
-        return perf_counters(self._times)
-
-    def getHostIpuLatency(self) -> tuple[float, float, float]:  # noqa: N802
-        """``(min, max, average)`` seconds from the first input requested to the last transferred."""
-        return latency(self.getPerfCounters(), "input", min, "input_complete", max)
-
-    def getComputeLatency(self) -> tuple[float, float, float]:  # noqa: N802
-        """``(min, max, average)`` seconds from the last input transferred to the last output available."""
-        return latency(self.getPerfCounters(), "input_complete", max, "output", max)
-
-    def getIpuHostLatency(self) -> tuple[float, float, float]:  # noqa: N802
-        """``(min, max, average)`` seconds from the first output available to the last copied to the host."""
-        return latency(self.getPerfCounters(), "output", min, "output_complete", max)
-
-    def getLatency(self) -> tuple[float, float, float]:  # noqa: N802
-        """``(min, max, average)`` round-trip seconds: first input requested to last output copied."""
-        return latency(self.getPerfCounters(), "input", min, "output_complete", max)
-
-    def cycleCount(self) -> int:  # noqa: N802
-        """PopTorch's IPU cycle count: not available, the simulated device has no cycle counter."""
-        raise ExecutorError("cycleCount(): the simulated IPU has no hardware cycle counter", where=user_source_line(),
-                            fix="time calls with getPerfCounters() or getLatency() instead")
-
-    def getTensorNames(self) -> list[str]:  # noqa: N802
-        """The names of the compiled program's tensors: first the PopART names
-        ``Options.anchorTensor`` accepts (``anchors``), then ipuxl's: its host streams and
-        every tensor of every graph (variables, constants, op results) in program order."""
-        compiled = self._compiled_for("getTensorNames")
-        program = compiled.program
-        paths = parameter_paths(list(self._names.values()), wrapped=self._model is not self._user_model)
-        names = anchorable_names(paths, program.trained, self.training)
-        names += [stream.name for stream in program.ir.streams] + [t.name for g in program.ir.graphs for t in g.tensors]
-        return list(dict.fromkeys(names))
-
-    def getAnchoredTensor(self, short_name: str) -> torch.Tensor:  # noqa: N802
-        """The value of the tensor anchored as ``short_name`` (``Options.anchorTensor``) in
-        the last call, reduced per its output mode (see ``anchors``).
-
-        Raises:
-            AnchorError: ``short_name`` is not anchored, or the model has not run yet.
-        """
-        if short_name in self._anchored:
-            return self._anchored[short_name]
-        anchored = list(self.options.anchored_tensors)
-        if short_name in anchored:
-            raise AnchorError(f"getAnchoredTensor({short_name!r}): no tensor with name {short_name!r} found: the "
-                              f"{self._kind} model has not run yet", where=user_source_line(),
-                              fix="call the model first: anchored tensors are returned by each call")
-        raise AnchorError(f"getAnchoredTensor({short_name!r}): no tensor with name {short_name!r} found; anchored: "
-                          f"{', '.join(map(repr, anchored)) or 'none'}", where=user_source_line(),
-                          fix=f"anchor it before the first call: opts.anchorTensor({short_name!r}, "
-                              "'Gradient___<param>'), or use one of the anchored names")
-
-    @property
-    def rng_state(self) -> list[int]:
-        """The device's random seed state: the seed words of the generator that dropout and
-        random ops draw from (with R replicas, each replica's two words). Setting it back
-        reproduces the same random draws."""
-        compiled = self._compiled_for("rng_state")
-        seed = self._sync.device_seed() if self._sync.attached else None
-        value = self._seed if seed is None or compiled.program.seed is None else seed
-        return [int(v) for v in np.asarray(value).reshape(-1)]
-
-    @rng_state.setter
-    def rng_state(self, state: Sequence[int]) -> None:
-        self._compiled_for("set rng_state")
-        replicas = self.options.replication_factor
-        words = np.asarray(list(state), np.int64)
-        if words.size == 2:
-            words = words if replicas == 1 else per_replica_seeds(words, replicas)
-        elif words.size == 2 * replicas:
-            words = words.reshape(replicas, 2)
-        else:
-            raise InvalidValueError(f"rng_state must hold 2 seed words (or 2 per replica: {2 * replicas}), got "
-                                    f"{words.size}", where=user_source_line(),
-                                    fix="pass a value read from model.rng_state")
-        self._seed = words
-        self._seed_dirty = True
-        if self._sync.attached:
-            self._write_seed()
-
+    # -- the device seed, guards, destroy ----------------------------------------------------
     def _write_seed(self) -> None:
         compiled = self._require_compiled()
         self._seed_dirty = False
         if compiled.program.seed is not None:
             compiled.session.write_variables_data({compiled.program.seed: self._seed})
-
-    def save(self, filename: str | os.PathLike[str], export_model: bool = True, save_rng_state: bool = True) -> None:
-        """Save the compiled model to an ipuxl executable file (``executable_file``).
-
-        Args:
-            export_model: also save the module (with its current weights) and the
-                optimiser (with its state), so that ``load(filename)`` rebuilds it all;
-                else wrap the module yourself and call ``loadExecutable(filename)``.
-            save_rng_state: also save ``rng_state``.
-        """
-        self._compiled_for("save")
-        assert self._example is not None, "a compiled model has example inputs"
-        contents: dict[str, Any] = {"poptorch_version": POPTORCH_VERSION, "training": self.training,
-                                    "inputs": self._example, "options": self.options}
-        if export_model:
-            self._sync.pull_state_if_newer()
-            contents.update(model=self._user_model, optimizer=self.optimizer,
-                            loss=self._model.loss_fn if isinstance(self._model, _WithLoss) else None)
-        if save_rng_state:
-            contents["rng_state"] = self.rng_state
-        write_executable(filename, contents)
-
-    def compileAndExport(self, filename: str | os.PathLike[str], *args: Any, export_model: bool = True,  # noqa: N802
-                         **kwargs: Any) -> None:
-        """Compile for these inputs (as ``compile``) and ``save`` the result to ``filename``."""
-        self.compile(*args, **kwargs)
-        self.save(filename, export_model)
-
-    def loadExecutable(self, filename: str | os.PathLike[str]) -> None:  # noqa: N802
-        """Compile for the inputs saved in an ipuxl executable file and restore its
-        ``rng_state`` (the weights and optimiser stay this model's own)."""
-        self._require_usable("load an executable")
-        data = read_executable(filename)
-        if data["training"] != self.training:
-            saved = "training" if data["training"] else "inference"
-            raise ExecutorError(f"{os.fspath(filename)} holds a {saved} executable; this is a {self._kind} model",
-                                where=user_source_line(), fix=f"load it into a {saved} model")
-        args, kwargs = example_inputs(data["inputs"])
-        self.compile(*args, **kwargs)
-        if "rng_state" in data:
-            self.rng_state = data["rng_state"]
 
     def _compiled_for(self, what: str) -> Compiled:
         compiled = self._sync.compiled
@@ -695,33 +541,3 @@ def _initial_seed(options: Options) -> np.ndarray:
     if seed is None:
         return torch.randint(0, 2**31 - 1, (2,), dtype=torch.int64).numpy()
     return seed_words(seed)
-
-
-def load(filename: str | os.PathLike[str],
-         edit_opts_fn: Callable[[Options], None] | None = None) -> PoplarExecutor:
-    """Rebuild a model saved by ``compileAndExport``/``save`` with ``export_model=True``
-    (PopTorch's ``poptorch.load``): the module, its optimiser and options, compiled for
-    the saved inputs, with the saved ``rng_state``.
-
-    Args:
-        edit_opts_fn: called with (a copy of) the saved options before the model is
-            wrapped, e.g. to change ``deviceIterations``.
-
-    Raises:
-        ExecutorError: the file is not an ipuxl executable, or holds no model.
-    """
-    data = read_executable(filename)
-    if data.get("model") is None:
-        raise ExecutorError(f"{os.fspath(filename)} holds no model: it was saved with export_model=False",
-                            where=user_source_line(),
-                            fix="wrap the module with trainingModel/inferenceModel and call "
-                                "loadExecutable(filename) on it")
-    options = data["options"].clone()
-    if edit_opts_fn is not None:
-        edit_opts_fn(options)
-    if data["training"]:
-        executor = trainingModel(data["model"], options, optimizer=data["optimizer"], loss=data.get("loss"))
-    else:
-        executor = inferenceModel(data["model"], options)
-    executor.loadExecutable(filename)
-    return executor

@@ -35,7 +35,7 @@ from ipuxl.ir.context import user_source_line
 from ipuxl.ir.streams import DeviceToHostStream, d2h_stream
 from ipuxl.ir.tensor import Tensor
 from ipuxl.ops import host_store
-from ipuxl.poptorch_compat.batching import local_replica_range, reduce_outputs
+from ipuxl.poptorch_compat.compile.batching import local_replica_range, reduce_outputs
 from ipuxl.poptorch_compat.options import Options, OutputMode
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ipuxl.log import logger
-from ipuxl.poptorch_compat.batching import MicroBatch, describe
+from ipuxl.poptorch_compat.compile.batching import MicroBatch, describe
 
 __all__ = ["log_recompile", "recompile_reason", "program_stages"]
 

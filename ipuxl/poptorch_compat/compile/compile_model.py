@@ -3,8 +3,8 @@
 Each step is one function of this module, run in this order:
 
 1. ``capture``: trace the module's forward for one micro-batch (``capture.trace``); its
-   ops take the stage and IPU of the PopTorch block they ran in (``blocks.placement``,
-   checked by ``blocks.check_depth``);
+   ops take the stage and IPU of the PopTorch block they ran in (``placement.placement``,
+   checked by ``placement.check_depth``);
 2. ``import_forward``: import the trace into a new ``Ir`` as the forward subgraph
    (``capture.to_ir``);
 3. ``differentiate`` (training): autodiff of the forward for the loss w.r.t. the
@@ -31,13 +31,14 @@ from ipuxl.ir.graph import Graph
 from ipuxl.ir.ir import Ir
 from ipuxl.ir.tensor import Tensor
 from ipuxl.passes.outline import outline_ir
-from ipuxl.poptorch_compat.blocks import check_depth, place_gradients, place_variables, placement
+from ipuxl.poptorch_compat.compile.placement import check_depth, placement
+from ipuxl.poptorch_compat.compile.placement_passes import place_gradients, place_variables
 from ipuxl.poptorch_compat.enums import ReductionType
-from ipuxl.poptorch_compat.locations import apply_tensor_locations
+from ipuxl.poptorch_compat.compile.locations import apply_tensor_locations
 from ipuxl.poptorch_compat.options import Options
-from ipuxl.poptorch_compat.precision import precision_rules
-from ipuxl.poptorch_compat.program import Gradients, Program, StartValues, build_program
-from ipuxl.poptorch_compat.translate import ParamPlan
+from ipuxl.poptorch_compat.compile.precision import precision_rules
+from ipuxl.poptorch_compat.compile.program import Gradients, Program, StartValues, build_program
+from ipuxl.poptorch_compat.compile.translate import ParamPlan
 from ipuxl.progress import stage
 from ipuxl.transforms import autodiff
 
@@ -56,10 +57,10 @@ def compile_model(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], *
 
     Raises:
         TraceError: the module cannot be captured (see ``capture.trace.trace_module``).
-        OptionsError: the blocks do not fit the execution strategy (``blocks.Placement.finish``).
-        ExecutorError: a pipeline with too few micro-batches for its stages (``blocks.check_depth``).
+        OptionsError: the blocks do not fit the execution strategy (``placement.Placement.finish``).
+        ExecutorError: a pipeline with too few micro-batches for its stages (``placement.check_depth``).
     """
-    with stage("capture"), placement(options.execution_strategy) as placed:  # each op's stage and IPU (``blocks``)
+    with stage("capture"), placement(options.execution_strategy) as placed:  # each op's stage and IPU (``placement``)
         traced = capture(model, args, kwargs, training=training, outline=options.auto_outline,
                          precision=precision_rules(options))
     stages = placed.finish(traced.gm)

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from ipuxl.device.session import Session
-from ipuxl.poptorch_compat.program import Program
-from ipuxl.poptorch_compat.translate import ParamPlan, initial_state, write_state
-from ipuxl.poptorch_compat.weights import (
+from ipuxl.poptorch_compat.compile.program import Program
+from ipuxl.poptorch_compat.compile.translate import ParamPlan, initial_state, write_state
+from ipuxl.poptorch_compat.runtime.weights import (
     HostSlots, install_optimizer_hooks, install_sync_hooks, named_tensors, remove_sync_hooks,
 )
 
