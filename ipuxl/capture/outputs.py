@@ -20,7 +20,7 @@ flattened, and capture refuses it as before.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from torch.utils import _pytree as pytree
@@ -40,7 +40,7 @@ def _flatten(node: _Attributes) -> tuple[list[Any], Any]:
     return [node.children[n] for n in names], (node.template, names)
 
 
-def _unflatten(values: list[Any], context: Any) -> Any:
+def _unflatten(values: Iterable[Any], context: Any) -> Any:
     template, names = context
     obj = copy.copy(template)
     vars(obj).update(zip(names, values))

@@ -1,7 +1,7 @@
 """Split stages: move a graph's ops into one new graph per pipeline stage.
 
 Both front ends pipeline this way: PopTorch's ``Stage``/``BeginBlock`` programs
-(``poptorch_compat.stages``) and popxl.addons' ``pipelined_execution``
+(``poptorch_compat.compile.stages``) and popxl.addons' ``pipelined_execution``
 (``addons_compat.transforms.pipelining``). They differ in which ops are staged, how a
 stage graph is named, which error a read of a later stage is, and how a value from
 outside the stages enters a stage graph: a front end says those by subclassing

@@ -36,7 +36,7 @@ equal. Each replica draws its own random numbers: the seed variable holds one
 seed per replica (replica 0's is the seed a single replica would use).
 
 A float16 running statistic traced in float32 (``runningStatisticsAlwaysFloat``:
-``poptorch_compat.precision``) has a float32 variable the forward reads and updates
+``poptorch_compat.compile.precision``) has a float32 variable the forward reads and updates
 (``Program.float_statistics``); its float16 buffer variable, which the host module
 shows, gets each update rounded to float16, and a host write to it (a value the
 float32 copy does not round to) is adopted at the next step.
