@@ -50,6 +50,7 @@ FOREIGN_PRIVATES = {
     "_native_batch_norm_legit_no_training", "_log_softmax", "_log_softmax_backward_data", "_softmax",
     "_softmax_backward_data", "_to_copy", "_optimizer_step_code", "_cuda_getDeviceCount", "_debug_set_autodiff_subgraph_inlining",
     "_is_compiling_flag", "_is_exporting_flag",  # torch.compiler's flags, set as torch.export sets them
+    "_DisableFuncTorch", "_get_node_type", "_scaled_dot_product_attention_math",  # torch internals capture leans on
     "_exit_code", "_stacklevel", "_record_function_enter", "_pin_memory", "_use_new_zipfile_serialization",
 }
 
