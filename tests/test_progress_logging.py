@@ -23,7 +23,7 @@ from ipuxl.errors import InvalidValueError
 from ipuxl.poptorch_compat import setLogLevel
 from ipuxl.poptorch_compat.compile.log import program_stages
 
-from conftest import ROOT
+from tests.conftest import ROOT
 
 
 class FakeTerminal(io.StringIO):

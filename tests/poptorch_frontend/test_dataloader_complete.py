@@ -16,7 +16,7 @@ from torch.utils.data import Dataset, TensorDataset
 import ipuxl.poptorch_compat as poptorch
 from ipuxl.errors import InvalidArgumentError, OptionsError, PoptorchError
 from ipuxl.poptorch_compat.enums import SharingStrategy
-from tests.poptorch_frontend._checks import raises_in
+from tests.poptorch_compat._checks import raises_in
 
 raises = raises_in(__file__)
 

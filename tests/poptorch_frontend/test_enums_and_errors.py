@@ -17,7 +17,7 @@ import ipuxl.poptorch_compat as poptorch
 from ipuxl import errors
 from ipuxl.poptorch_compat import enums
 
-from tests.poptorch_frontend.test_training import MLP, make_data
+from tests.poptorch_compat.runtime.test_executor import MLP, make_data
 
 # upstream's members and values, enum by enum (PopTorch 3.x python/enums.py)
 UPSTREAM = {

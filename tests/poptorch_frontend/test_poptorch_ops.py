@@ -15,8 +15,8 @@ import torch.nn.functional as F
 import ipuxl.poptorch_compat as poptorch
 from ipuxl.errors import DeviceError, OpArgumentError, OpContextError, PoptorchError
 from ipuxl.poptorch_compat import ops as poptorch_ops
-from tests.poptorch_frontend._checks import as_poptorch, sgd_steps_like_eager
-from tests.poptorch_frontend._checks import raises_in
+from tests.poptorch_compat._checks import as_poptorch, sgd_steps_like_eager
+from tests.poptorch_compat._checks import raises_in
 
 raises = raises_in(__file__)
 TOL = dict(rtol=1e-5, atol=1e-6)

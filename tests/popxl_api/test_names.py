@@ -11,7 +11,7 @@ import ipuxl.ops as ops
 from ipuxl import errors, utils
 from ipuxl.errors import CallIndexError, CallInputError, GraphContextError, UndefinedValue, WrongGraphError
 
-from ._run import run
+from tests._run import run
 
 
 # -- popxl.tensor and popxl.utils -----------------------------------------------------------
