@@ -1,4 +1,6 @@
-"""Graph.replace_body / Graph.rebuild: how passes give a graph a new body; handles follow."""
+"""Graphs (``ipuxl.ir.graph``): their properties (tensors, variables, constants, inputs, outputs, id)
+and op-created hooks; ``Graph.replace_body`` / ``Graph.rebuild``, how passes give a graph a new
+body, with handles following."""
 from __future__ import annotations
 
 import numpy as np
@@ -98,3 +100,42 @@ def test_replace_body_with_the_same_fx_graph_moves_handles_of_replaced_nodes():
     assert graph.outputs == (y,) and y.node is doubled and graph.handle(old) is None
     verify_ir(ir)
     np.testing.assert_allclose(_run(ir, xs, ys), 4 * np.exp(np.arange(3, dtype=np.float32)), rtol=1e-6)
+
+
+# -- Graph properties and hooks -------------------------------------------------------------
+def test_graph_tensors_variables_constants_inputs_outputs_and_id():
+    ir = ipuxl.Ir()
+    with ir.main_graph:
+        w = ipuxl.variable(np.ones(2, np.float32), name="w")
+        c = ipuxl.constant([2.0, 3.0], name="c")
+        y = w * c
+        g = ir.create_graph(lambda a, b: a + b, ipuxl.TensorSpec((2,), ipuxl.float32), ipuxl.TensorSpec((2,),
+                                                                                                     ipuxl.float32))
+    main = ir.main_graph
+    assert main.tensors == (w, c, y)
+    assert main.variables == (w,) and isinstance(main.variables[0], ipuxl.Variable)
+    assert tuple(main.constants) == (c,) and isinstance(main.constants[0], ipuxl.Constant)
+    assert g.variables == () and g.constants == ()
+    assert g.inputs_by_name == {"a": g.inputs[0], "b": g.inputs[1]} and len(g.outputs) == 1
+    assert g.id == g.name and g.name.endswith("_subgraph(0)") and main.id == "main_graph"
+    assert g.main_graph is main and main.get_tensor("main_graph/w") is w and main.get_tensor("c") is c
+    assert w in main and w not in g
+    with pytest.raises(ValueError, match="no tensor with id 'nope'"):
+        main.get_tensor("nope")
+    with pytest.raises(TypeError, match="needs a Tensor"):
+        _ = 3 in main
+
+
+def test_op_created_hook_sees_each_op_of_its_graph_only():
+    ir = ipuxl.Ir()
+    built: list[str] = []
+    handle = ir.main_graph.register_op_created_hook(lambda node: built.append(node.meta["ipuxl_op"]))
+    with ir.main_graph:
+        x = ipuxl.constant([1.0, 2.0])
+        y = ops.relu(x * 2.0)
+        ir.create_graph(lambda a: ops.exp(a), ipuxl.TensorSpec((2,), ipuxl.float32))  # another graph
+        ir.main_graph.remove_op_created_hook(handle)
+        ops.neg(y) if hasattr(ops, "neg") else ops.negate(y)
+    assert built == ["mul", "relu"]
+    with pytest.raises(ValueError, match=f"unknown op created hook {handle}"):
+        ir.main_graph.remove_op_created_hook(handle)
