@@ -1,10 +1,9 @@
-"""popxl.addons' transforms: ``recompute_graph`` (the same gradients, computed from the forward
-inputs: the forward runs again inside the gradient graph) and ``repeat_graph`` (a graph's ops in a
-device loop). Eager torch is the oracle."""
+"""popxl.addons' ``recompute_graph`` (``addons_compat.transforms.recomputation``): the same gradients,
+computed from the forward inputs (the forward runs again inside the gradient graph). Eager torch is
+the oracle."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
@@ -13,7 +12,6 @@ import ipuxl
 import ipuxl.addons_compat as addons
 import ipuxl.ops as ops
 from ipuxl.addons_compat.transforms.recomputation import recompute_graph
-from ipuxl.errors import InvalidArgumentError
 from ipuxl.ir.grad_info import ExpectedConnectionType
 
 rng = np.random.default_rng(0)
@@ -82,41 +80,3 @@ def test_recomputing_an_accumulating_gradient_graph_accumulates_the_same():
     for name in plain:
         assert_close(torch.from_numpy(recomputed[name]), torch.from_numpy(plain[name]))
     assert float(plain["mean_accum_counter"]) == 2.0 and np.abs(plain["accum.fc2.weight"]).max() > 0
-
-
-def test_repeat_graph_runs_the_main_graph_as_a_device_loop():
-    """Each iteration loads the next slice, updates the variable in place and stores it: as an eager loop."""
-    from ipuxl.addons_compat.transforms.repeat_graph import repeat_graph
-
-    steps = 3
-    x_np = rng.standard_normal((steps, 4)).astype(np.float32)
-    w0 = rng.standard_normal(4).astype(np.float32)
-    ir = ipuxl.Ir()
-    ir.num_host_transfers = steps
-    with ir.main_graph, ipuxl.in_sequence():
-        x_stream = ipuxl.h2d_stream((4,), ipuxl.float32, "x")
-        w = ipuxl.variable(w0, name="w")
-        ops.scaled_add_(w, ops.host_load(x_stream) * w, b=0.5)
-        w_stream = ipuxl.d2h_stream((4,), ipuxl.float32, "w_out")
-        ops.host_store(w_stream, w + 0.0)
-    assert repeat_graph(ir.main_graph, 1) is ir.main_graph
-    body = repeat_graph(ir.main_graph, steps)
-    assert body is not ir.main_graph and len(body.inputs) >= 1 and body.is_input_modified(body.inputs[0])
-    with ipuxl.Session(ir, "cpu") as session:
-        stored = session.run({x_stream: x_np})[w_stream]
-    w_t, expected = torch.from_numpy(w0.copy()), []
-    for step in range(steps):
-        w_t = w_t + 0.5 * torch.from_numpy(x_np[step]) * w_t
-        expected.append(w_t)
-    assert_close(torch.from_numpy(stored), torch.stack(expected))
-    assert_close(torch.from_numpy(session.get_tensor_data(w)), expected[-1])
-
-
-def test_repeat_graph_refuses_a_graph_with_outputs():
-    from ipuxl.addons_compat.transforms.repeat_graph import repeat_graph
-
-    ir = ipuxl.Ir()
-    with ir.main_graph:
-        graph = ir.create_graph(lambda x: x * 2.0, ipuxl.TensorSpec((2,), ipuxl.float32))
-    with pytest.raises(InvalidArgumentError, match="has outputs"):
-        repeat_graph(graph, 2)
