@@ -12,6 +12,9 @@ import ipuxl
 import ipuxl.ops as ops
 from ipuxl.kernels import collectives as kernels
 from ipuxl.errors import DeviceError, InvalidArgumentError, ReplicationError, ShapeMismatchError, StreamInputError
+from ipuxl.ir.meta import OP
+
+from ._harness import randn
 
 F32 = ipuxl.float32
 
@@ -333,3 +336,58 @@ def test_a_collective_inside_a_conditional_branch(flag):
     got = _run(4, build, data)
     expected = np.broadcast_to(data.sum(0), data.shape) if flag else data * 2.0
     np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode, axis", [("concat", 0), ("concat", 1), ("new_axis", 0)])
+def test_all_gather_gradient_is_a_reduce_scatter(mode, axis):
+    replicas = 2
+    x = randn((replicas, 2, 3))  # per replica
+    dy_shape = (replicas, 2, 3)[1:]
+    dy_shape = (replicas,) + dy_shape if mode == "new_axis" else tuple(
+        d * replicas if i == axis else d for i, d in enumerate(dy_shape))
+    dy = randn((replicas, *dy_shape), seed=1)
+    scale = randn(dy_shape, seed=2)
+
+    ir = ipuxl.Ir(replication=replicas)
+    with ir.main_graph:
+        xs, dys = ipuxl.h2d_stream((2, 3), ipuxl.float64, "x"), ipuxl.h2d_stream(dy_shape, ipuxl.float64, "dy")
+
+        def body(t):
+            return ops.collectives.replicated_all_gather(t, axis, output_shape=mode) * ipuxl.constant(scale, name="c")
+
+        graph = ir.create_graph(body, ipuxl.TensorSpec((2, 3), ipuxl.float64))
+        fwd = ops.call_with_info(graph, ops.host_load(xs))
+        info = ipuxl.transforms.autodiff(graph)
+        (dx,) = ops.call(info.graph, ops.host_load(dys), inputs_dict=info.inputs_dict(fwd))
+        outs = {}
+        for name, t in (("y", fwd.outputs[0]), ("dx", dx)):
+            outs[name] = ipuxl.d2h_stream(t.shape, t.dtype, name)
+            ops.host_store(outs[name], t)
+    with ipuxl.Session(ir, "cpu") as session:
+        got = session.run({xs: x, dys: dy})
+
+    xt, dyt, ct = (torch.from_numpy(a).requires_grad_(i == 0) for i, a in enumerate((x, dy, scale)))
+    gathered = torch.stack(list(xt)) if mode == "new_axis" else torch.cat(list(xt), axis)
+    y = gathered * ct  # every replica computes the same y from all inputs
+    (expected_dx,) = torch.autograd.grad([y] * replicas, [xt], list(dyt))
+    torch.testing.assert_close(torch.from_numpy(got[outs["y"]]), torch.stack([y.detach()] * replicas))
+    torch.testing.assert_close(torch.from_numpy(got[outs["dx"]]), expected_dx)
+
+
+def test_autodiff_still_refuses_other_collectives():
+    ir = ipuxl.Ir(replication=2)
+    with ir.main_graph:
+        x = ipuxl.variable(np.ones(3, np.float32), name="x")
+        graph = ir.create_graph(lambda t: ops.collectives.replicated_all_reduce(t), x)
+        with pytest.raises(ValueError, match="contains replicated_all_reduce"):
+            ipuxl.transforms.autodiff(graph)
+
+
+def test_autodiff_keeps_the_all_gather_a_collective():
+    ir = ipuxl.Ir(replication=2)
+    with ir.main_graph:
+        graph = ir.create_graph(lambda t: ops.collectives.replicated_all_gather(t) * 2.0,
+                                ipuxl.TensorSpec((3,), ipuxl.float32))
+        ipuxl.transforms.autodiff(graph)
+    ops_in_forward = [n.meta.get(OP) for n in graph.fx.nodes]
+    assert "replicated_all_gather" in ops_in_forward
