@@ -75,8 +75,7 @@ if TYPE_CHECKING:
 __all__ = [
     "IpuSpec", "DEFAULT_SPEC", "ResourceEstimate", "CallSite", "estimate", "check_fits", "get_spec",
     "set_default_spec", "use_spec", "call_sites", "code_nodes", "op_type", "mib", "RemoteTraffic", "remote_traffic",
-    "StoredTensor", "tensor_locations", "held_bytes",
-]
+    "StoredTensor", "tensor_locations", "held_bytes", "describe_node", "is_inlined", "graph_code_bytes", "is_op"]
 
 KiB, MiB = 1024, 1024 * 1024
 

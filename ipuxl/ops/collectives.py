@@ -24,7 +24,7 @@ from ipuxl.kernels import collectives as kernels
 from ipuxl.kernels import remote as remote_kernels
 
 __all__ = ["replicated_all_reduce", "replicated_all_reduce_", "replicated_reduce_scatter",
-           "replicated_all_gather", "CollectiveOps", "replica_sharded_slice", "replicated_slice"]
+           "replicated_all_gather", "CollectiveOps", "replica_sharded_slice", "replicated_slice", "check_group"]
 
 CollectiveOps = Literal["add", "mean", "mul", "min", "max", "and", "or", "square_add"]
 
