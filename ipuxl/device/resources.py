@@ -548,7 +548,7 @@ def remote_traffic(ir: "Ir", spec: IpuSpec | None = None) -> RemoteTraffic:
 def check_fits(ir: "Ir", spec: IpuSpec | None = None, where: str | None = None) -> ResourceEstimate:
     """``estimate(ir, spec)``, raising ``OutOfMemoryError`` when it does not fit."""
     result = estimate(ir, spec)
-    from ipuxl.device import ipus  # several IPUs (#18): each has its own memory
+    from ipuxl.device import ipus  # several IPUs: each has its own memory
 
     if ipus.num_ipus(ir) > 1:
         ipus.check_each_ipu(ir, result.spec, where or f"Session({ir!r}, 'ipu_model')")
