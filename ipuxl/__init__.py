@@ -39,7 +39,7 @@ from ipuxl.ir import (
 from ipuxl.ir.context import replica_grouping
 from ipuxl.ir.placement import io_tiles, ipu
 from ipuxl.ir.graph_builder import Module, constant, graph_input, variable
-from ipuxl.ir.remote import (  # #17: Streaming Memory and replicated tensor sharding
+from ipuxl.ir.remote import (  # Streaming Memory and replicated tensor sharding
     RemoteBuffer, ReplicatedTensorSharding, TensorLocation, TensorStorage, remote_buffer,
     remote_replica_sharded_variable, remote_variable, replica_sharded_buffer, replica_sharded_variable,
 )

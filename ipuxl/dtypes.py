@@ -28,7 +28,7 @@ __all__ = [
     "dtype", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "half", "float16",
     "bfloat16", "float", "float32", "double", "float64", "complex64", "complex128",
     "to_numpy_dtype", "from_any", "public", "dtype_name", "SUPPORTED", "check_supported", "DTypeLike",
-]
+    "DOWNCAST", "float8_options_unset"]
 
 _BY_NAME: dict[str, "dtype"] = {}
 _BY_TORCH: dict[torch.dtype, "dtype"] = {}

@@ -54,6 +54,8 @@ __all__ = [
     "OfflineDeviceError",
     "AnchorError",
     "PlacementError",
+    "builtin_type",
+    "with_builtin",
 ]
 
 

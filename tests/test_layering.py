@@ -7,10 +7,18 @@ layer and the ones below. Every import counts, including one inside a function.
 
 Inside ``poptorch_compat``, the same shape: PopTorch's namespace modules (its top level)
 -> ``compile`` (the compiler makes a program) -> ``runtime`` (which runs it).
+
+Beside the import walls, four rules about what code may do where (docs/architecture.md,
+"The walls"): only ``ir/`` copies nodes between graphs or writes alias records (so a
+copy never keeps records naming another graph's nodes); ``from X import name`` names
+something in X's ``__all__`` (a module's ``__all__`` is what other modules may use);
+functions that nodes call as targets (kernels) are defined in ``kernels/``. Each rule
+is a function of the source, and each has a test that feeds it a violation.
 """
 from __future__ import annotations
 
 import ast
+import importlib
 import pathlib
 import subprocess
 import sys
@@ -18,6 +26,8 @@ import sys
 import pytest
 
 import ipuxl
+from ipuxl.ir import copy as ir_copy
+from ipuxl.ir import meta as ir_meta
 
 PACKAGE = pathlib.Path(ipuxl.__file__).parent
 FRONT_ENDS = ("ipuxl.poptorch_compat", "ipuxl.addons_compat")
@@ -52,6 +62,9 @@ FOREIGN_PRIVATES = {
     "_is_compiling_flag", "_is_exporting_flag",  # torch.compiler's flags, set as torch.export sets them
     "_DisableFuncTorch", "_get_node_type", "_scaled_dot_product_attention_math",  # torch internals capture leans on
     "_exit_code", "_stacklevel", "_record_function_enter", "_pin_memory", "_use_new_zipfile_serialization",
+    "_DisableFuncTorch",  # known values: plain eager computation inside a functionalized trace
+    "_scaled_dot_product_attention_math",  # attention whose mask needs a gradient: aten's math kernel
+    "_get_node_type",  # pytree's node type of an object (is it a container pytree flattens?)
 }
 
 
@@ -232,3 +245,226 @@ def test_importing_a_layer_loads_nothing_above_it(module, absent):
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert module in loaded
     assert [m for m in loaded if _within(m, absent)] == []
+
+
+# -- only ir/ copies nodes between graphs and writes alias records ------------------------------------------
+#: The meta keys that name nodes or inputs a node writes or aliases (``ir.copy`` remaps them).
+ALIAS_KEYS = {name: getattr(ir_meta, name) for name in ("MODIFIES", "VIEW_OF", "WRITES", "BY_REF_ARGS")}
+assert set(ALIAS_KEYS.values()) == {*ir_copy.NODE_RECORDS, ir_meta.BY_REF_ARGS}  # the list ir.copy keeps
+IR = ("ipuxl.ir",)
+#: Code outside ir/ that copies nodes with fx's ``node_copy``, and why that is not an IR copy.
+NODE_COPIES_ALLOWED = {
+    # labelled copies of compiled code (plain fx after lowering, never an IR graph again): its
+    # alias records are lowering's, named as ir.lower left them
+    "ipuxl/device/profile.py",
+}
+#: Code outside ir/ that writes alias records, the keys it writes, and why: each builds the node
+#: it records on (in its own graph), so nothing is copied.
+ALIAS_WRITES_ALLOWED = {
+    # ops.call's CallSiteInfo.set_parent_input_modified: a call made by reference records what it writes
+    ("ipuxl/ops/call.py", "BY_REF_ARGS"), ("ipuxl/ops/call.py", "WRITES"),
+    # PopXL's in-place view ops (reshape_, transpose_...): the new result is an in-place result of its input
+    ("ipuxl/ops/shape.py", "MODIFIES"), ("ipuxl/ops/shape.py", "VIEW_OF"),
+    # outlining makes the call of a region: the call writes by reference what the region wrote
+    ("ipuxl/passes/outline.py", "BY_REF_ARGS"), ("ipuxl/passes/outline.py", "WRITES"),
+}
+
+
+def _alias_key(node: ast.expr | None) -> str | None:
+    """The alias key ``node`` names (``MODIFIES``, ``meta.MODIFIES``, ``"ipuxl_modifies"``), if any."""
+    if isinstance(node, ast.Name) and node.id in ALIAS_KEYS:
+        return node.id
+    if isinstance(node, ast.Attribute) and node.attr in ALIAS_KEYS:
+        return node.attr
+    if isinstance(node, ast.Constant) and node.value in ALIAS_KEYS.values():
+        return next(k for k, v in ALIAS_KEYS.items() if v == node.value)
+    return None
+
+
+def _is_meta(node: ast.expr) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "meta"
+
+
+def _node_copies(tree: ast.Module) -> list[int]:
+    """Lines that copy fx nodes: ``graph.node_copy(...)`` / ``graph.graph_copy(...)``."""
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and n.func.attr in ("node_copy", "graph_copy")]
+
+
+def _alias_writes(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, key) of every write of an alias record: ``x.meta[KEY] = / del``, and
+    ``x.meta.setdefault/pop/__setitem__(KEY, ...)`` or ``x.meta.update({KEY: ...})``."""
+    found = []
+    for node in ast.walk(tree):
+        targets = (node.targets if isinstance(node, (ast.Assign, ast.Delete))
+                   else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for target in targets:
+            if isinstance(target, ast.Subscript) and _is_meta(target.value) and (key := _alias_key(target.slice)):
+                found.append((node.lineno, key))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _is_meta(node.func.value):
+            if node.func.attr in ("setdefault", "pop", "__setitem__", "__delitem__") and node.args:
+                if key := _alias_key(node.args[0]):
+                    found.append((node.lineno, key))
+            elif node.func.attr == "update" and node.args and isinstance(node.args[0], ast.Dict):
+                found.extend((node.lineno, key) for key in map(_alias_key, node.args[0].keys) if key)
+    return sorted(found)
+
+
+def _relative(path: pathlib.Path) -> str:
+    return path.relative_to(PACKAGE.parent).as_posix()
+
+
+def _copies_outside_ir(module: str, path: pathlib.Path, tree: ast.Module) -> list[str]:
+    if _within(module, IR) or _relative(path) in NODE_COPIES_ALLOWED:
+        return []
+    return [f"{_relative(path)}:{line} copies nodes" for line in _node_copies(tree)]
+
+
+def _alias_writes_outside_ir(module: str, path: pathlib.Path, tree: ast.Module) -> list[str]:
+    if _within(module, IR):
+        return []
+    return [f"{_relative(path)}:{line} writes {key}" for line, key in _alias_writes(tree)
+            if (_relative(path), key) not in ALIAS_WRITES_ALLOWED]
+
+
+def test_only_the_ir_copies_nodes_between_graphs():
+    """``ir.copy.copy_node`` is the one copier (it remaps alias records); a plain fx copy elsewhere
+    would keep records naming the old graph's nodes."""
+    assert [v for m, p, t in SOURCES for v in _copies_outside_ir(m, p, t)] == []
+    # the scan sees real copies: ir's own, and the allowed one (which is still there)
+    assert _node_copies(dict((m, t) for m, _, t in SOURCES)["ipuxl.ir.copy"])
+    assert all(_node_copies(next(t for _, p, t in SOURCES if _relative(p) == path)) for path in NODE_COPIES_ALLOWED)
+
+
+def test_only_the_ir_writes_alias_records():
+    assert [v for m, p, t in SOURCES for v in _alias_writes_outside_ir(m, p, t)] == []
+    seen = {(_relative(p), key) for _, p, t in SOURCES for _, key in _alias_writes(t)}
+    assert ALIAS_WRITES_ALLOWED <= seen  # every allowance is still used (a stale one is removed)
+    assert {key for path, key in seen if path.startswith("ipuxl/ir/")} == set(ALIAS_KEYS)  # ir writes them all
+
+
+def test_the_copy_and_alias_rules_catch_a_violation():
+    bad = ast.parse("new = graph.node_copy(node, env.__getitem__)\n"
+                    "new.meta[MODIFIES] = env[old]\n"
+                    "new.meta.setdefault(meta.WRITES, []).append(x)\n"
+                    "new.meta.update({'ipuxl_view_of': y, 'val': v})\n"
+                    "del new.meta[BY_REF_ARGS]\n"
+                    "new.meta['val'] = v\n")
+    path = PACKAGE / "passes" / "bad.py"
+    assert _copies_outside_ir("ipuxl.passes.bad", path, bad) == ["ipuxl/passes/bad.py:1 copies nodes"]
+    assert _alias_writes_outside_ir("ipuxl.passes.bad", path, bad) == [
+        "ipuxl/passes/bad.py:2 writes MODIFIES", "ipuxl/passes/bad.py:3 writes WRITES",
+        "ipuxl/passes/bad.py:4 writes VIEW_OF", "ipuxl/passes/bad.py:5 writes BY_REF_ARGS"]
+    assert _copies_outside_ir("ipuxl.ir.bad", PACKAGE / "ir" / "bad.py", bad) == []
+    assert _alias_writes_outside_ir("ipuxl.ir.bad", PACKAGE / "ir" / "bad.py", bad) == []
+
+
+# -- an import names something in its target's __all__ ------------------------------------------------------
+def _static_all(tree: ast.Module) -> list[str] | None:
+    """A module's ``__all__`` when its source spells it out (``=``, ``+=``), else None."""
+    names: list[str] | None = None
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                try:
+                    value = list(ast.literal_eval(node.value))
+                except ValueError:
+                    return None
+                names = (names or []) + value if isinstance(node, ast.AugAssign) else value
+    return names
+
+
+def _exports() -> dict[str, set[str] | None]:
+    """Each module's ``__all__`` (read from the source; a computed one from the module itself);
+    None for a module without one."""
+    out: dict[str, set[str] | None] = {}
+    for module, _, tree in SOURCES:
+        names = _static_all(tree)
+        if names is None and any(isinstance(n, (ast.Assign, ast.AugAssign)) and "__all__" in ast.unparse(n).split("=")[0]
+                                 for n in tree.body):
+            names = list(importlib.import_module(module).__all__)  # computed (``sorted(_LAZY)``)
+        out[module] = set(names) if names is not None else None
+    return out
+
+
+EXPORTS = _exports()
+
+
+def _names_outside_all(module: str, target: str, names: list[str]) -> list[str]:
+    """The names of ``from target import names`` that ``target`` does not export (submodules are
+    modules, not names)."""
+    if not _within(target, ("ipuxl",)) or target not in EXPORTS:
+        return []
+    exported = EXPORTS[target] or set()
+    return [n for n in names if n not in exported and f"{target}.{n}" not in EXPORTS]
+
+
+def test_imports_name_what_their_module_exports():
+    """A module's ``__all__`` is what other modules may import from it; importing another name
+    reaches past it (add the name to ``__all__``, or import it from the module that defines it)."""
+    found = [f"{_relative(path)}:{line} imports {n} from {target}"
+             for module, path, tree in SOURCES for line, target, names in _imports(module, path, tree)
+             for n in _names_outside_all(module, target, names)]
+    assert found == []
+
+
+def test_the_all_rule_catches_a_violation():
+    assert EXPORTS["ipuxl.ir.aliases"] and "storage_owner" in EXPORTS["ipuxl.ir.aliases"]
+    assert "Options" in (EXPORTS["ipuxl.poptorch_compat"] or set())  # a computed __all__ is read too
+    bad = ast.parse("from ipuxl.ir.aliases import storage_owner, secret\nfrom ipuxl.ir import copy\n")
+    found = [n for _, t, names in _imports("ipuxl.passes.bad", PACKAGE / "passes" / "bad.py", bad)
+             for n in _names_outside_all("ipuxl.passes.bad", t, names)]
+    assert found == ["secret"]  # not storage_owner (exported), not copy (a submodule)
+
+
+# -- kernels live in kernels/ ---------------------------------------------------------------------------------
+#: Where nodes are built that call kernels: ops (PopXL's), addons' ops, the device's rewrites.
+NODE_BUILDERS = ("ipuxl.ops", "ipuxl.addons_compat.ops", "ipuxl.device.rewrites")
+#: Kernels still defined beside the op that records them, and why.
+KERNELS_ALLOWED = {
+    # popxl.addons' own ops: their kernels are written with the op in the addons front end
+    ("ipuxl/addons_compat/ops/grad_reduce_square_add.py", "_reduce_square_add"),
+    ("ipuxl/addons_compat/ops/group_quantize_decompress.py", "_decompress"),
+    ("ipuxl/addons_compat/ops/rotary_pos_embed.py", "_rotate"),
+}
+
+
+def _kernels_defined_in(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, name) of functions of a module's top level that take torch tensors and are passed
+    as a value to a call (``emit(name, kernel, ...)``, a factory ``_unary_(name, kernel)``):
+    kernels. ``meta_fn=`` functions compute shapes at build time and are not kernels."""
+    over_tensors = {f.name for f in tree.body if isinstance(f, ast.FunctionDef)
+                    and any(a.annotation is not None and "torch.Tensor" in ast.unparse(a.annotation)
+                            for a in f.args.args + f.args.kwonlyargs)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            values = [*node.args, *(k.value for k in node.keywords if k.arg != "meta_fn")]
+            found.extend((a.lineno, a.id) for a in values if isinstance(a, ast.Name) and a.id in over_tensors)
+    return found
+
+
+def _kernels_outside_kernels(module: str, path: pathlib.Path, tree: ast.Module) -> list[str]:
+    if not _within(module, NODE_BUILDERS):
+        return []
+    return [f"{_relative(path)}:{line} defines the kernel {name}" for line, name in _kernels_defined_in(tree)
+            if (_relative(path), name) not in KERNELS_ALLOWED]
+
+
+def test_kernels_live_in_kernels():
+    """``ops/X`` builds nodes that call ``kernels/Y`` functions (and so do addons' ops and the
+    device's rewrites); they define no kernels of their own. tests/kernels/test_kernel_targets.py
+    checks the same on the targets of real programs."""
+    assert [v for m, p, t in SOURCES for v in _kernels_outside_kernels(m, p, t)] == []
+    seen = {(_relative(p), name) for _, p, t in SOURCES for _, name in _kernels_defined_in(t)}
+    assert KERNELS_ALLOWED <= seen  # every allowance is still used
+
+
+def test_the_kernel_rule_catches_a_violation():
+    bad = ast.parse("import torch\n\ndef _k(x: torch.Tensor) -> torch.Tensor:\n    return x\n\n"
+                    "def op(t):\n    return emit('k', _k, (t,), meta_fn=_k)\n")
+    assert _kernels_defined_in(bad) == [(7, "_k")]
+    assert _kernels_outside_kernels("ipuxl.ops.bad", PACKAGE / "ops" / "bad.py", bad) == [
+        "ipuxl/ops/bad.py:7 defines the kernel _k"]
+    assert _kernels_outside_kernels("ipuxl.kernels.bad", PACKAGE / "kernels" / "bad.py", bad) == []

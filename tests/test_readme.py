@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from conftest import ROOT
+from tests.conftest import ROOT
 
 
 def test_readme_starts_with_the_two_commands():

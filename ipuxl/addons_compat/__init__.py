@@ -33,7 +33,7 @@ from ipuxl.addons_compat.transforms import (
 from ipuxl.addons_compat.utils import OrderedDict, WeightsDict, null_context, suffix_graph_name, timer
 from ipuxl.addons_compat.transforms.pipelining import pipelined_execution
 from ipuxl.addons_compat.variable_factory import NamedVariableFactories, VariableFactory, add_variable_input
-from ipuxl.addons_compat import remote, rts  # #17: Streaming Memory and RTS
+from ipuxl.addons_compat import remote, rts  # Streaming Memory and RTS
 from ipuxl.addons_compat.remote import NamedRemoteBuffers, load_remote_graph, named_variable_buffers, store_remote_graph
 from ipuxl.addons_compat.transforms.batch_serialisation import (
     batch_serial_buffer, batch_serialise, batch_serialise_fwd_and_grad,
@@ -51,7 +51,7 @@ __all__ = [
     "cross_entropy_with_grad", "host_load", "host_store", "seed_variable", "InputStreams", "OutputStreams",
     "autodiff", "autodiff_with_accumulation", "NamedVariableFactories", "VariableFactory", "add_variable_input",
     "pipelined_execution",
-    # #17: Streaming Memory and RTS
+    # Streaming Memory and RTS
     "remote", "rts", "NamedRemoteBuffers", "load_remote_graph", "named_variable_buffers", "store_remote_graph",
     "batch_serial_buffer", "batch_serialise", "batch_serialise_fwd_and_grad",
 ]

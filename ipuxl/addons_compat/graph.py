@@ -74,7 +74,7 @@ def _check_by_ref_inputs(graph: Graph, inputs: Mapping[Tensor, Any]) -> None:
                 fix="pass a variable (e.g. from factories.init()); an update of a temporary or constant is lost")
 
 
-#: Ops whose main-graph results are state a program updates in place and then uses (#17):
+#: Ops whose main-graph results are state a program updates in place and then uses:
 #: loaded from Streaming Memory (directly or by a called load graph), made by ops.init
 #: (gradient accumulators), or a replica's shard (RTS); not, say, ``var + 1.0``.
 _STATE_OPS = frozenset({"remote_load", "output_of", "call", "init", "replica_sharded_slice"})

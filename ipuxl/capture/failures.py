@@ -29,7 +29,8 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ipuxl.errors import TraceError, builtin_type, with_builtin
-from ipuxl.ir.context import SKIP_PREFIXES, STDLIB_DIR, traceback_source_line
+from ipuxl.ir.context import traceback_source_line
+from ipuxl.source import SKIP_PREFIXES, STDLIB_DIR
 
 __all__ = ["trace_error", "error_class", "eager_error", "refuse_data_dependent", "user_line", "DATA_DEPENDENT"]
 

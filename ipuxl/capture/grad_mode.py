@@ -54,7 +54,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["GradTracker", "NOT_HANDLED", "is_inplace"]
+__all__ = ["GradTracker", "NOT_HANDLED", "is_inplace", "REQUIRES", "REACHES"]
 
 REQUIRES, REACHES, NONLEAF = 1, 2, 4
 NOT_HANDLED = object()

@@ -184,9 +184,9 @@ class ProgramReport:
     num_host_transfers: int
     replication_factor: int
     ipus: "IpuReport | None" = None
-    """Per-IPU memory, FLOPs, copies and pipeline schedule (programs on several IPUs, #18)."""
+    """Per-IPU memory, FLOPs, copies and pipeline schedule (programs on several IPUs)."""
     remote_per_run: RemoteTraffic = field(default_factory=RemoteTraffic)
-    """Streaming Memory traffic of one run (one replica, #17)."""
+    """Streaming Memory traffic of one run (one replica)."""
 
     @property
     def remote_per_step(self) -> RemoteTraffic:

@@ -75,8 +75,7 @@ if TYPE_CHECKING:
 __all__ = [
     "IpuSpec", "DEFAULT_SPEC", "ResourceEstimate", "CallSite", "estimate", "check_fits", "get_spec",
     "set_default_spec", "use_spec", "call_sites", "code_nodes", "op_type", "mib", "RemoteTraffic", "remote_traffic",
-    "StoredTensor", "tensor_locations", "held_bytes",
-]
+    "StoredTensor", "tensor_locations", "held_bytes", "describe_node", "is_inlined", "graph_code_bytes", "is_op"]
 
 KiB, MiB = 1024, 1024 * 1024
 
@@ -549,7 +548,7 @@ def remote_traffic(ir: "Ir", spec: IpuSpec | None = None) -> RemoteTraffic:
 def check_fits(ir: "Ir", spec: IpuSpec | None = None, where: str | None = None) -> ResourceEstimate:
     """``estimate(ir, spec)``, raising ``OutOfMemoryError`` when it does not fit."""
     result = estimate(ir, spec)
-    from ipuxl.device import ipus  # several IPUs (#18): each has its own memory
+    from ipuxl.device import ipus  # several IPUs: each has its own memory
 
     if ipus.num_ipus(ir) > 1:
         ipus.check_each_ipu(ir, result.spec, where or f"Session({ir!r}, 'ipu_model')")

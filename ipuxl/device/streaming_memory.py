@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ipuxl.device.replica_plan import ReplicaPlan
     from ipuxl.ir.tensor import Variable
 
-__all__ = ["StreamingMemory", "initial_value", "shard", "unshard", "read_host", "replica_value"]
+__all__ = ["StreamingMemory", "initial_value", "shard", "unshard", "read_host", "replica_value", "write_device"]
 
 
 # -- layouts ------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ipuxl.ir.replica_grouping import ReplicaGrouping
 
 __all__ = ["gcg", "get_current_graph", "gmg", "get_main_graph", "gir", "get_ir", "in_sequence", "name_scope",
-           "scoped_name", "user_source_line"]
+           "scoped_name", "user_source_line", "replica_grouping", "traceback_source_line"]
 
 _graph_stack: list["Graph"] = []
 _sequence_stack: list[bool] = []

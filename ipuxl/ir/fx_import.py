@@ -27,10 +27,10 @@ import torch
 import torch.fx as fx
 
 from ipuxl.ir.call_op import call_entry, is_call_graph_node
-from ipuxl.ir.context import SKIP_PREFIXES, STDLIB_DIR
 from ipuxl.ir.calls import CallTarget
 from ipuxl.ir.copy import copy_node
 from ipuxl.ir.meta import CALLED_GRAPH, IPU, NAME, OP, OP_ID, PIPELINE_STAGE, SOURCE, VIEW_OF
+from ipuxl.source import SKIP_PREFIXES, STDLIB_DIR
 
 if TYPE_CHECKING:
     from ipuxl.ir.ir import Ir

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
     from ipuxl.ir.ir import Ir
 
-__all__ = ["build_graph", "graph_input", "graph_output", "variable", "constant", "Module"]
+__all__ = ["build_graph", "graph_input", "graph_output", "variable", "constant", "Module",
+           "grouped_shape", "host_array"]
 
 class Module:
     """PopXL's ``Module``: override ``build``; ``ir.create_graph(module, ...)`` traces it.

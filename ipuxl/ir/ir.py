@@ -78,7 +78,7 @@ class Ir:
     # -- settings -------------------------------------------------------------------
     @property
     def _pb_ir(self) -> "PopartIr":
-        """Stand-in for PopXL's PopART IR: ``getSessionOptions()`` (``ipuxl.ir.popart_options``, #17)."""
+        """Stand-in for PopXL's PopART IR: ``getSessionOptions()`` (``ipuxl.ir.popart_options``)."""
         from ipuxl.ir.popart_options import PopartIr
 
         return self.__dict__.setdefault("_popart_ir", PopartIr())

@@ -19,7 +19,7 @@ from ipuxl.ops.shape import (
     cast, concat, detach, flatten, gather, getitem, identity, onehot, reshape, slice, split, squeeze, transpose,
     unsqueeze,
 )
-# PopXL ops added in #14 (in-place variants, indexing, vision, conditional...)
+# in-place variants, indexing, vision, conditional...
 from ipuxl.ops.elementwise import (
     clamp, exp_, gelu_, geluerf, geluerf_, increment_mod, increment_mod_, isfinite, log2, relu_, swish_,
 )
@@ -34,8 +34,8 @@ from ipuxl.ops.indexing import (
     dynamic_slice, dynamic_update, dynamic_update_, histogram, scatter, scatter_reduce, tied_gather, topk,
 )
 from ipuxl.ops.shape import concat_, detach_, flatten_, reshape_, slice_, subsample, transpose_
-from ipuxl.ops.ipu_copy import io_tile_copy, ipu_copy  # #18: several IPUs
-from ipuxl.ops.remote import remote_code_load, remote_load, remote_load_, remote_store  # #17: Streaming Memory
+from ipuxl.ops.ipu_copy import io_tile_copy, ipu_copy  # several IPUs
+from ipuxl.ops.remote import remote_code_load, remote_load, remote_load_, remote_store  # Streaming Memory
 
 __all__ = [
     "collectives", "var_updates", "CallSiteInfo", "call", "call_with_info", "repeat", "repeat_with_info",
@@ -48,15 +48,15 @@ __all__ = [
     "mean", "min", "prod", "reduce_max", "reduce_mean", "reduce_min", "reduce_sum", "sum", "sumsquare", "cast",
     "concat", "detach", "flatten", "gather", "getitem", "identity", "onehot", "reshape", "slice", "split",
     "squeeze", "transpose", "unsqueeze",
-    # H3 (#14): ops added for PopXL parity
+    # in-place variants, indexing, vision, conditional...
     "clamp", "isfinite", "exp_", "relu_", "gelu_", "swish_", "geluerf", "geluerf_", "log2", "increment_mod",
     "increment_mod_", "logsum", "median", "cumsum", "reshape_", "flatten_", "transpose_", "concat_", "slice_",
     "subsample", "detach_", "conv_transpose", "PadType", "dynamic_slice", "dynamic_update", "dynamic_update_",
     "histogram", "scatter", "scatter_reduce", "tied_gather", "topk", "batch_norm_inference", "group_norm",
     "interpolate", "roi_align", "shaped_dropout", "init", "print_tensor", "ConditionalSiteInfo", "conditional",
     "conditional_with_info",
-    # H4 (#18): several IPUs
+    # several IPUs
     "ipu_copy", "io_tile_copy",
-    # H2 (#17): Streaming Memory
+    # Streaming Memory
     "remote_load", "remote_load_", "remote_store", "remote_code_load",
 ]

@@ -66,7 +66,7 @@ class CallSiteInfo:
         item.meta["val"] = _meta_copy(out.node.meta["val"])
         item.meta[NAME] = out.name
         item.meta[OP] = "output_of"
-        if out.meta_shape:  # a replica shard stays one in the caller (PopXL copies the tensor info, #17)
+        if out.meta_shape:  # a replica shard stays one in the caller (PopXL copies the tensor info)
             item.meta[META_SHAPE] = out.meta_shape
         return self._parent.wrap(item)
 

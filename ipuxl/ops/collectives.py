@@ -24,7 +24,7 @@ from ipuxl.kernels import collectives as kernels
 from ipuxl.kernels import remote as remote_kernels
 
 __all__ = ["replicated_all_reduce", "replicated_all_reduce_", "replicated_reduce_scatter",
-           "replicated_all_gather", "CollectiveOps", "replica_sharded_slice", "replicated_slice"]
+           "replicated_all_gather", "CollectiveOps", "replica_sharded_slice", "replicated_slice", "check_group"]
 
 CollectiveOps = Literal["add", "mean", "mul", "min", "max", "and", "or", "square_add"]
 
@@ -151,7 +151,7 @@ def replicated_all_gather(t: Tensor, axis: int = 0, group: ReplicaGrouping | Non
                 meta_fn=meta, name=f"{t.name}_all_gathered")
 
 
-# -- replicated tensor sharding (#17) ----------------------------------------------------------------
+# -- replicated tensor sharding ----------------------------------------------------------------------
 # Both slices take this replica's part of a tensor every replica of the group holds, with no
 # communication, in the layouts of ``ipuxl.ir.remote``: a sharded slice is member i's 1-D shard
 # of the flattened tensor, zero padded to a multiple of the group size, so

@@ -12,7 +12,7 @@ Algorithm:
    so autograd's formulas pick their fused kernels (``silu_backward``...).
 2. Tag every joint node forward (an ancestor of a forward output) or backward, so
    functorch's ``default_partition`` splits there instead of recomputing the
-   forward in the backward (see the DESIGN note on ``partitioner_tag``). Views of
+   forward in the backward (docs/architecture.md, "Traps in torch.fx"). Views of
    the graph's inputs that the backward reads (``t(weight)``) are the exception: they
    are recomputed in the backward from the saved input (``_recompute_input_views``).
 3. Partition into forward-with-saved-activations and backward graphs.

@@ -1,6 +1,6 @@
 """In-place order: which ops must keep their program order, and which reads are ambiguous.
 
-fx graphs carry data edges only (see the DESIGN note "Traps in torch.fx"): a read of a
+fx graphs carry data edges only (docs/architecture.md, "Traps in torch.fx"): a read of a
 tensor and an in-place write of its storage may have no edge between them, and then
 only program order says which runs first. ipuxl's meaning is program order; this pass
 makes that order explicit as extra edges (:func:`side_effect_constraints`), so a

@@ -28,8 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DistributedOptions", "JitOptions", "OptionGroup", "PopartOptions", "PrecisionOptions", "TensorLocationOptions",
     "TensorLocationSettings", "TrainingOptions", "check_enum", "check_flag", "check_int", "check_positive_int",
-    "type_name",
-]
+    "type_name", "check_str"]
 
 E = TypeVar("E", bound=enum.Enum)
 

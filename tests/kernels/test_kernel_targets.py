@@ -2,15 +2,13 @@
 rewrites put in, lives in ``ipuxl.kernels`` (``ops/X`` builds nodes that call
 ``kernels/Y`` functions; ``ops`` modules define no kernels of their own).
 
-Checked two ways: on the IR and the generated programs of a program that calls every
-op with a kernel of its own (a walk over real targets), and on the source of every
-``ipuxl/ops`` module (no function over torch tensors defined there is passed to
-another call, such as ``emit``, as a value).
+Checked here on the IR and the generated programs of a program that calls every op with
+a kernel of its own (a walk over real targets). The same rule on the source (no module
+that builds nodes defines a function over torch tensors that it passes to another call,
+such as ``emit``) is one of the walls of ``tests/test_layering.py``.
 """
 from __future__ import annotations
 
-import ast
-import pathlib
 import types
 
 import numpy as np
@@ -20,7 +18,6 @@ import ipuxl
 import ipuxl.ops as ops
 from ipuxl.dtypes import to_numpy_dtype
 
-OPS_DIR = pathlib.Path(ops.__file__).parent
 #: the kernel modules the program below must reach, so the walk is not vacuous
 KERNEL_MODULES = {"conv", "pool", "debug", "elementwise", "indexing", "ipu_copy", "nn", "reduce", "shape", "vision",
                   "random", "var_updates", "collectives"}
@@ -118,30 +115,3 @@ def test_generated_programs_call_only_kernels_of_ipuxl_kernels():
     assert outside == []
     names = {f"{f.__module__}.{f.__name__}" for f in targets}
     assert {"ipuxl.kernels.conv.convolution_backward", "ipuxl.kernels.pool.max_pool2d_with_indices"} <= names
-
-
-def _kernels_defined_in(source: str) -> list[str]:
-    """Functions of a module's top level that take torch tensors and are passed as a value to
-    a call (``emit(name, kernel, ...)``, a factory ``_unary_(name, kernel)``); ``meta_fn=``
-    functions compute shapes at build time and are not kernels."""
-    tree = ast.parse(source)
-    over_tensors = {f.name for f in tree.body if isinstance(f, ast.FunctionDef)
-                    and any(a.annotation is not None and "torch.Tensor" in ast.unparse(a.annotation)
-                            for a in f.args.args + f.args.kwonlyargs)}
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            values = [*node.args, *(k.value for k in node.keywords if k.arg != "meta_fn")]
-            found.extend(f"line {a.lineno}: {a.id}" for a in values if isinstance(a, ast.Name) and a.id in over_tensors)
-    return found
-
-
-def test_ops_modules_define_no_kernels():
-    found = {p.name: _kernels_defined_in(p.read_text()) for p in sorted(OPS_DIR.glob("*.py"))}
-    assert {name: uses for name, uses in found.items() if uses} == {}
-
-
-def test_the_source_check_sees_a_kernel_in_an_ops_module():
-    bad = ("import torch\n\ndef _k(x: torch.Tensor) -> torch.Tensor:\n    return x\n\n"
-           "def op(t):\n    return emit('k', _k, (t,), meta_fn=_k)\n")
-    assert _kernels_defined_in(bad) == ["line 7: _k"]

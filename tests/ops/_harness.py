@@ -11,13 +11,14 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import pytest
 import torch
 
 import ipuxl
 import ipuxl.ops as ops
 from ipuxl.dtypes import from_any, to_numpy_dtype
 
-__all__ = ["check_op", "run_op", "randn", "run_main", "as_list"]
+__all__ = ["check_op", "run_op", "randn", "run_main", "as_list", "case", "run_case", "ints", "bools", "pos"]
 
 Shape = tuple[int, ...]
 Input = Shape | np.ndarray
@@ -192,3 +193,25 @@ def check_op(ipuxl_fn: Callable[..., Any], torch_fn: Callable[..., Any], inputs:
             torch.testing.assert_close(torch.from_numpy(np.asarray(g)), e, atol=atol, rtol=rtol,
                                        msg=lambda m, i=i: f"gradient of input {i}: {m}")
     return got
+
+
+def case(id_: str, ipuxl_fn, torch_fn, *inputs, marks=(), **kwargs):
+    """One ``check_op`` case for ``pytest.mark.parametrize``."""
+    return pytest.param(ipuxl_fn, torch_fn, list(inputs), kwargs, id=id_, marks=marks)
+
+
+def run_case(ipuxl_fn, torch_fn, inputs, kwargs):
+    check_op(ipuxl_fn, torch_fn, inputs, **kwargs)
+
+
+def ints(shape, low=0, high=3, dtype=np.int32, seed=0):
+    return np.random.default_rng(seed).integers(low, high, size=shape).astype(dtype)
+
+
+def bools(shape, seed=0):
+    return np.random.default_rng(seed).random(shape) > 0.5
+
+
+def pos(shape, seed=0):
+    """Positive data away from zero (log, sqrt, pow, divisors)."""
+    return randn(shape, seed=seed, low=0.5, high=2.0)

@@ -16,7 +16,7 @@ import torch
 
 import ipuxl
 import ipuxl.ops as ops
-from conftest import load_example
+from tests.conftest import load_example
 from ipuxl.errors import InplaceOrderError, PassError
 from ipuxl.passes.inplace_order import ambiguous_pairs, side_effect_constraints, verify_inplace_order
 

@@ -16,7 +16,7 @@ from torch.testing import assert_close
 
 import ipuxl
 import ipuxl.ops as ops
-from conftest import load_example
+from tests.conftest import load_example
 from ipuxl.errors import PassError
 from ipuxl.passes.inplace_order import side_effect_constraints
 from ipuxl.passes.liveness import live_profile

@@ -28,7 +28,7 @@ from ipuxl.kernels import tp_collectives
 from ipuxl.ops.collectives import CollectiveOps, check_group
 
 __all__ = ["replicated_all_reduce_identical_inputs", "replicated_all_reduce_identical_grad_inputs",
-           "replicated_all_reduce"]
+           "replicated_all_reduce", "all_reduce_tp"]
 
 
 def replicated_all_reduce_identical_inputs(t: Tensor, op: CollectiveOps = "add",

@@ -6,7 +6,7 @@ by default (as PopXL does) and nothing reads.
 
 Preconditions: a lowered fx graph whose in-place writes ipuxl recorded (``ir.aliases``).
 ``torch.fx``'s own DCE treats every Python callable as pure, so it would delete
-``Tensor.add_`` and other in-place updates (DESIGN.md, "Traps in torch.fx and friends").
+``Tensor.add_`` and other in-place updates (docs/architecture.md, "Traps in torch.fx").
 This pass only removes aten ops whose schema mutates nothing, tuple indexing,
 ``torch.clone`` and the device's kernel choices (``ipuxl.kernels.conv.convolution_backward``,
 ``ipuxl.kernels.pool.max_pool2d_with_indices``), and never a node recorded as writing a

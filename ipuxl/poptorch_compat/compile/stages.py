@@ -33,7 +33,7 @@ from ipuxl.passes.split_stages import StageSplitter
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
 
-__all__ = ["FromInput", "FromStage", "StageSplit", "split_by_stage"]
+__all__ = ["FromInput", "FromStage", "StageSplit", "split_by_stage", "Source"]
 
 
 @dataclass(frozen=True)

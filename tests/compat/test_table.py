@@ -1,0 +1,190 @@
+"""ipuxl.compat: Graphcore's import paths resolve to ipuxl's modules, module by module.
+
+Upstream's layout (graphcore/popart python/popxl, graphcore/popxl-addons,
+graphcore/poptorch) is the contract: every path listed in ``ipuxl.compat.table``
+either imports the ipuxl module standing for it or fails with an ImportError naming it.
+"""
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from torch.testing import assert_close
+
+import ipuxl
+import ipuxl.compat as compat
+from ipuxl.compat import table
+from ipuxl.errors import CompatImportError
+
+
+@pytest.fixture
+def installed():
+    compat.install()
+    yield
+    compat.uninstall()
+
+
+def test_the_aliases_are_ipuxls_module_objects(installed):
+    import popxl
+    import popxl.ops as ops
+    import popxl.transforms
+    import popxl_addons as addons
+    import poptorch
+
+    assert popxl is ipuxl and ops is ipuxl.ops and popxl.transforms is importlib.import_module("ipuxl.transforms")
+    assert addons is importlib.import_module("ipuxl.addons_compat")
+    assert poptorch is importlib.import_module("ipuxl.poptorch_compat")  # PopTorch's namespace, not PopXL's
+    # ipuxl's own identity is kept: the import system does not rename the module it aliases
+    assert ipuxl.__spec__.name == "ipuxl" and ipuxl.ops.__spec__.name == "ipuxl.ops"
+    assert poptorch.trainingModel is ipuxl.trainingModel
+
+
+def test_the_reference_programs_imports_resolve(installed):
+    from popxl_addons.graph import GraphWithNamedArgs
+    from popxl_addons.named_tensors import NamedTensors
+    from popxl_addons.variable_factory import NamedVariableFactories
+    import popxl_addons as addons
+
+    assert (GraphWithNamedArgs, NamedTensors, NamedVariableFactories) == (
+        addons.GraphWithNamedArgs, addons.NamedTensors, addons.NamedVariableFactories)
+
+
+@pytest.mark.parametrize("upstream", sorted(n for t in (table.POPXL, table.POPXL_ADDONS, table.POPTORCH)
+                                            for n, target in t.items() if target))
+def test_every_listed_path_imports_its_ipuxl_module(installed, upstream):
+    target = table.POPXL.get(upstream) or table.POPXL_ADDONS.get(upstream) or table.POPTORCH[upstream]
+    if importlib.util.find_spec(target) is None:
+        pytest.skip(f"{target} is not written yet")
+    assert importlib.import_module(upstream) is importlib.import_module(target)
+
+
+def test_op_files_resolve_to_the_module_defining_the_op_and_keep_the_op(installed):
+    from popxl.ops.gelu import gelu
+    from popxl.ops.host_load import host_load
+    from popxl.ops.collectives.replicated_all_reduce import replicated_all_reduce_
+    from popxl.transforms.autodiff import autodiff
+
+    assert gelu is ipuxl.ops.gelu and host_load is ipuxl.ops.host_load
+    assert replicated_all_reduce_ is ipuxl.ops.collectives.replicated_all_reduce_
+    assert autodiff is ipuxl.transforms.autodiff
+    # loading the alias ``popxl.ops.gelu`` must not replace the op ``ops.gelu`` by a module
+    import popxl.ops.gelu  # noqa: F401
+    assert callable(ipuxl.ops.gelu) and not isinstance(ipuxl.ops.gelu, type(np))
+
+
+def test_a_renamed_module_reads_as_an_attribute_and_is_removed_by_uninstall():
+    compat.install()
+    import popxl.context as context
+    import popxl_addons.layers.linear as linear
+
+    assert context is importlib.import_module("ipuxl.ir.context")
+    assert linear.Linear is importlib.import_module("ipuxl.addons_compat").Linear
+    compat.uninstall()
+    assert not hasattr(ipuxl, "context")
+    assert [m for m in sys.modules if m.partition(".")[0] in table.ROOTS] == []
+    assert not compat.is_installed()
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("popxl")
+
+
+@pytest.mark.parametrize("upstream, fragment", [
+    ("popxl.fp8_utils", "'popxl.fp8_utils' is part of PopXL but ipuxl does not provide it"),  # remote_buffer exists (#17)
+    ("popxl_addons.route_tensor", "'popxl_addons.route_tensor' is part of popxl.addons"),  # rts exists (#17)
+    ("poptorch.profiling", "'poptorch.profiling' is part of PopTorch"),
+    ("popxl.not_a_module", "No module named 'popxl.not_a_module'"),
+    ("poptorch.not_a_module", "No module named 'poptorch.not_a_module'"),
+])
+def test_a_module_ipuxl_lacks_is_an_import_error_naming_it(installed, upstream, fragment):
+    with pytest.raises(ImportError, match=fragment) as info:
+        importlib.import_module(upstream)
+    assert isinstance(info.value, (CompatImportError, ModuleNotFoundError)) and info.value.name == upstream
+    assert "test_table.py" in str(info.value)  # where: the importing line
+
+
+def test_an_op_file_whose_op_ipuxl_lacks_is_an_import_error_naming_the_op(installed):
+    missing = [(f, op) for f, op in table.OP_FILES.items() if not hasattr(ipuxl.ops, op)]
+    if not missing:
+        pytest.skip("ipuxl.ops has every op of PopXL's op files")
+    file, op = missing[0]
+    with pytest.raises(CompatImportError, match=f"'popxl.ops.{file}' is part of PopXL .* has no '{op}'"):
+        importlib.import_module(f"popxl.ops.{file}")
+
+
+def test_a_missing_name_is_pythons_import_error_naming_it(installed):
+    with pytest.raises(ImportError, match="cannot import name 'no_such_op' from 'ipuxl.ops'"):
+        from popxl.ops import no_such_op  # noqa: F401
+
+
+def test_install_is_idempotent_and_refuses_a_package_imported_before(monkeypatch):
+    compat.install()
+    compat.install()
+    assert sys.meta_path.count(sys.meta_path[0]) == 1 and compat.is_installed()
+    compat.uninstall()
+    monkeypatch.setitem(sys.modules, "popxl", type(sys)("popxl"))
+    with pytest.raises(ImportError, match=r"\['popxl'\] already imported"):
+        compat.install()
+    assert not compat.is_installed()
+
+
+def test_a_popxl_program_through_the_aliases_matches_eager_torch(installed):
+    import popxl
+    import popxl.ops as ops
+
+    x_np = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    w_np = np.random.default_rng(1).standard_normal((3, 2)).astype(np.float32)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x_stream = popxl.h2d_stream((4, 3), popxl.float32, "x")
+        w = popxl.variable(w_np, name="w")
+        y = ops.gelu(ops.host_load(x_stream) @ w)
+        y_stream = popxl.d2h_stream(y.shape, popxl.float32, "y")
+        ops.host_store(y_stream, y)
+    ir.num_host_transfers = 1
+    with popxl.Session(ir, "ipu_model") as session:
+        y_out = session.run({x_stream: x_np})[y_stream]
+    expected = torch.nn.functional.gelu(torch.from_numpy(x_np) @ torch.from_numpy(w_np), approximate="tanh")
+    assert_close(torch.from_numpy(y_out), expected, rtol=1e-5, atol=1e-6)  # PopXL's gelu: the tanh form
+
+
+def _run_compat(tmp_path, source: str, *args: str) -> subprocess.CompletedProcess:
+    program = tmp_path / "program.py"
+    program.write_text(textwrap.dedent(source))
+    return subprocess.run([sys.executable, "-m", "ipuxl.compat", str(program), *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_main_runs_a_program_as_main_with_its_argv(tmp_path):
+    (tmp_path / "helper.py").write_text("VALUE = 7\n")
+    proc = _run_compat(tmp_path, """
+        import sys
+        import helper  # the program's folder is on sys.path, as with `python program.py`
+        import popxl, popxl_addons, poptorch
+        print(__name__, sys.argv[1:], helper.VALUE, popxl.__name__, popxl_addons.__name__)
+    """, "--epochs", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["__main__", "['--epochs',", "'2']", "7", "ipuxl", "ipuxl.addons_compat"]
+
+
+def test_main_reports_a_missing_module_and_usage(tmp_path):
+    proc = _run_compat(tmp_path, "import popxl.fp8_utils\n")
+    assert proc.returncode == 1
+    assert "CompatImportError: 'popxl.fp8_utils' is part of PopXL" in proc.stderr
+    assert "program.py:1" in proc.stderr
+    usage = subprocess.run([sys.executable, "-m", "ipuxl.compat"], capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 2 and "usage: python -m ipuxl.compat PROGRAM.py" in usage.stderr
+    missing = subprocess.run([sys.executable, "-m", "ipuxl.compat", str(tmp_path / "absent.py")],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "absent.py" in missing.stderr
+
+
+def test_main_runs_a_module_with_dash_m(tmp_path):
+    (tmp_path / "prog_module.py").write_text("import sys, popxl\nprint(__name__, sys.argv[1:], popxl.Ir.__name__)\n")
+    proc = subprocess.run([sys.executable, "-m", "ipuxl.compat", "-m", "prog_module", "a"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["__main__", "['a']", "Ir"]
