@@ -532,8 +532,10 @@ def test_detach_has_no_gradient_path_when_required():
 
 def test_getitem_rejects_other_keys():
     ir = ipuxl.Ir()
-    with ir.main_graph, pytest.raises(InvalidArgumentError, match="cannot index"):
-        ipuxl.variable(np.zeros((3,), np.float32))[[0, 1]]
+    with ir.main_graph:
+        for key in ("a", True, 1.5, [0.5, 1.5]):  # a list is host data: integers gather, booleans mask
+            with pytest.raises(InvalidArgumentError, match="cannot index"):
+                ipuxl.variable(np.zeros((3,), np.float32))[key]
 
 
 # -- random ----------------------------------------------------------------------------------------------
