@@ -326,6 +326,19 @@ class Tensor:
     def reshape(self, shape: Sequence[int]) -> "Tensor":
         return _ops().reshape(self, shape)
 
+    def diag(self) -> "Tensor":
+        """The main diagonal of a 2-D tensor, as ``torch.diag`` (PopXL's ``Tensor.diag``).
+
+        Raises:
+            InvalidValueError: (a ValueError, as PopXL) the tensor is not 2-D.
+        """
+        if self.rank != 2:
+            raise InvalidValueError(f"diag of tensor '{self.name}' {self.shape}: only 2-D tensors have a diagonal "
+                                    "here", where=user_source_line(), fix="reshape the tensor to 2-D first")
+        from ipuxl.ops.shape import diagonal  # ops build on this module: bind late
+
+        return diagonal(self)
+
     def flatten(self) -> "Tensor":
         return _ops().flatten(self)
 

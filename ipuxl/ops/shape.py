@@ -59,10 +59,14 @@ def _alias(op_name: str, target: Any, args: tuple[Any, ...], t: Tensor, *, name:
 
 def _check_shape(op_name: str, t: Tensor, shape: Sequence[int]) -> tuple[int, ...]:
     shape = tuple(int(d) for d in shape)
-    if any(d < -1 or d == 0 for d in shape) or shape.count(-1) > 1:
+    if any(d < -1 or d == 0 for d in shape):
         raise ShapeMismatchError(
-            f"op '{op_name}' of '{t.name}' {t.shape}: invalid target shape {shape} (each size must be > 0 "
-            "or -1, with at most one -1)", where=user_source_line(), fix="use positive sizes and at most one -1")
+            f"Invalid shape value in reshape. Must be '>0' or '-1'. Provided {shape} (op '{op_name}' of "
+            f"'{t.name}' {t.shape})", where=user_source_line(), fix="use positive sizes and at most one -1")
+    if shape.count(-1) > 1:
+        raise ShapeMismatchError(
+            f"Reshape shape can contain at most one '-1' value. Provided {shape} (op '{op_name}' of "
+            f"'{t.name}' {t.shape})", where=user_source_line(), fix="use positive sizes and at most one -1")
     known = math.prod(d for d in shape if d != -1)
     if (-1 in shape and t.nelms % known) or (-1 not in shape and known != t.nelms):
         raise ShapeMismatchError(
@@ -293,6 +297,11 @@ def _host_index(t: Tensor, key: Any) -> Tensor:
     except (TypeError, ValueError) as error:
         raise InvalidArgumentError(f"cannot index tensor '{t.name}' with {key!r}: {error}", where=user_source_line(),
                                    fix="use integers, slices (`:`), integer tensors or boolean tensors") from error
+
+
+def diagonal(t: Tensor) -> Tensor:
+    """The main diagonal of a 2-D ``t`` (``Tensor.diag``), a new tensor of ``min(t.shape)`` elements."""
+    return emit("diag", torch.diag, (t,))
 
 
 def cast(t: Tensor, data_type: torch.dtype) -> Tensor:
