@@ -60,6 +60,9 @@ class Graph:
         self._handles: dict[fx.Node, Tensor] = {}
         self.constant_data: dict[str, torch.Tensor] = {}
         self.grad_info: GradGraphInfo | None = None
+        self.can_be_recursively_autodiffed = True
+        """False for a graph whose gradient is written by hand (a popxl.addons Module's
+        ``build_grad``): autodiff of a graph calling it needs its ``GradGraphInfo``."""
         self._op_created_hooks: dict[int, OpCreatedHook] = {}
 
     # -- context ------------------------------------------------------------------
