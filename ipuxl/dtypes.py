@@ -217,6 +217,12 @@ double = float64
 _BY_NAME.update(half=half, float=float32, double=float64)
 del dtype._define  # the instances above are all there are
 
+#: PopXL's lookup tables: torch dtype -> dtype and numpy dtype -> dtype, for the types both
+#: sides have (PopXL's: no bfloat16, which numpy lacks, and none of torch's unsigned wide ints).
+_PT_TO_POPXL: dict[torch.dtype, dtype] = {t: d for t, d in _BY_TORCH.items()
+                                         if d._numpy is not None and t not in (torch.uint16, torch.uint32, torch.uint64)}
+_NP_TO_POPXL: dict[np.dtype, dtype] = dict(_BY_NUMPY)
+
 # Every dtype a tensor, variable, constant or stream can have (the IPU's types).
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16,
              torch.uint16, torch.int32, torch.int64, torch.uint32, torch.bool)

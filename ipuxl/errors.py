@@ -56,6 +56,7 @@ __all__ = [
     "PlacementError",
     "builtin_type",
     "with_builtin",
+    "PopartException",
 ]
 
 
@@ -124,6 +125,13 @@ class NoIpuHardwareError(IpuxlError, AssertionError):
 
 
 # -- capture: building graphs ---------------------------------------------------
+class PopartException(IpuxlError):
+    """PopART's ``popart.popart_exception``: the errors PopART's C++ layer raises under PopXL
+    (shape inference of an op, a call's inputs against the called graph's, autodiff of a
+    graph that modifies its inputs). The ipuxl errors raised for the same mistakes are
+    also instances of it, so ``except popart.popart_exception`` handlers keep working."""
+
+
 class CaptureError(IpuxlError):
     """A graph could not be built as written."""
 
@@ -138,7 +146,7 @@ class WrongGraphError(GraphContextError, ValueError):
     RuntimeError)."""
 
 
-class ShapeMismatchError(CaptureError, ValueError):
+class ShapeMismatchError(CaptureError, PopartException, ValueError):
     """An op's inputs have incompatible shapes or dtypes (found at build time)."""
 
 
@@ -255,7 +263,7 @@ class StreamInputError(DeviceError, ValueError):
     """Host data given to ``Session.run`` does not match its streams."""
 
 
-class DetachedError(DeviceError):
+class DetachedError(DeviceError, ValueError):
     """The session was used while not attached to its device."""
 
 

@@ -168,6 +168,21 @@ class DotTree(Generic[L]):
             tree.insert(str(key), value)
         return tree
 
+    def filter_keys(self: CLS, keys: Iterable[str | int]) -> CLS:
+        """A tree of only ``keys`` (each a dotted path to a leaf or a subtree); leaves are shared."""
+        kept: dict[str, Any] = {}
+        for key in map(str, keys):
+            value = self.get(key)
+            if isinstance(value, DotTree):
+                kept.update({f"{key}.{name}": leaf for name, leaf in value.to_dict().items()})
+            else:
+                kept[key] = value
+        return self.from_dict(kept)
+
+    def _clear(self) -> None:
+        """Remove every leaf, keeping the subtree objects (upstream's ``_clear``)."""
+        clear_leaves(self)
+
     def to_mapping(self, values: "DotTree[V]") -> dict[L, V]:
         """``{self leaf: values leaf}`` for common keys (see :func:`to_mapping`)."""
         return to_mapping(self, values)

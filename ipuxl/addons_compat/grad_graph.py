@@ -10,9 +10,11 @@ like autodiff's, so ``inputs_dict`` and ``fwd_parent_ins_to_grad_parent_outs`` w
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+import contextlib
+import inspect
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-from ipuxl.errors import AutodiffError
+from ipuxl.errors import AutodiffError, InvalidArgumentError, UnknownKeyError
 from ipuxl.ir import context
 from ipuxl.ir.grad_info import GradGraphInfo
 from ipuxl.ir.graph_builder import graph_input
@@ -22,7 +24,30 @@ if TYPE_CHECKING:
     from ipuxl.addons_compat.graph import GraphWithNamedArgs
     from ipuxl.addons_compat.module import Module
 
-__all__ = ["Aux", "VarGrads", "build_grad_graph"]
+__all__ = ["Aux", "VarGrads", "build_grad_graph", "building_grad"]
+
+
+#: The modules whose ``build_grad`` is being built (innermost last): ``aux`` reads and
+#: ``var_grad`` items are only allowed there, as upstream.
+_BUILDING_GRAD: list["Module"] = []
+
+
+@contextlib.contextmanager
+def building_grad(module: "Module") -> Iterator[None]:
+    """Mark ``module.build_grad`` as being built."""
+    _BUILDING_GRAD.append(module)
+    try:
+        yield
+    finally:
+        _BUILDING_GRAD.pop()
+
+
+def _in_build_grad_of(owner: object, attribute: str) -> bool:
+    return bool(_BUILDING_GRAD) and getattr(_BUILDING_GRAD[-1], attribute, None) is owner
+
+
+_ONLY_IN_BUILD_GRAD = ("You can only {} within the `build_graph` method which must be called via `create_grad_graph` "
+                       "or `autodiff`.")
 
 
 class Aux:
@@ -34,15 +59,16 @@ class Aux:
 
     def __init__(self) -> None:
         self._values: dict[str, Any] = {}
-        self._grad_inputs: dict[str, Tensor] | None = None  # None: not building a gradient graph
+        self._grad_inputs: dict[str, Tensor] = {}
         self.grad_to_fwd: dict[Tensor, Tensor] = {}
 
     def __setitem__(self, key: str, value: Any) -> None:
         self._values[key] = value
 
     def __getitem__(self, key: str) -> Any:
-        if self._grad_inputs is None:
-            raise AutodiffError(f"Module.aux['{key}'] read outside build_grad", where=context.user_source_line(),
+        if not _in_build_grad_of(self, "aux"):
+            raise AutodiffError(_ONLY_IN_BUILD_GRAD.format("get items") + f" (Module.aux['{key}'])",
+                                where=context.user_source_line(),
                                 fix="read aux items in build_grad (run by autodiff or Module.create_grad_graph); "
                                     "in build, use the tensor itself")
         value = self._values[key]
@@ -56,6 +82,10 @@ class Aux:
     def __contains__(self, key: str) -> bool:
         return key in self._values
 
+    def values(self) -> list[Any]:
+        """The saved values, in the order they were set."""
+        return list(self._values.values())
+
     def __repr__(self) -> str:
         return repr(self._values)
 
@@ -65,9 +95,6 @@ class Aux:
         new._values = dict(self._values)
         return new
 
-    def open_for_grad(self) -> None:
-        self._grad_inputs, self.grad_to_fwd = {}, {}
-
 
 class VarGrads:
     """``Module.var_grad``: the gradient graph's outputs for the forward graph's named inputs."""
@@ -76,22 +103,30 @@ class VarGrads:
         self.grads: dict[str, Tensor] = {}
         self._variables = variables
 
+    def _check_in_build_grad(self, key: str) -> None:
+        if self._variables is None or not _in_build_grad_of(self, "var_grad"):
+            raise AutodiffError(_ONLY_IN_BUILD_GRAD.format("use` var_grad`") + f" (Module.var_grad['{key}'])",
+                                where=context.user_source_line(), fix="set var_grad items in build_grad")
+
     def __setitem__(self, name: str, tensor: Tensor) -> None:
-        if self._variables is None:
-            raise AutodiffError(f"Module.var_grad['{name}'] set outside build_grad", where=context.user_source_line(),
-                                fix="set var_grad items in build_grad")
+        self._check_in_build_grad(name)
+        assert self._variables is not None
         if not isinstance(tensor, Tensor):
-            raise AutodiffError(f"Module.var_grad['{name}']: not a tensor: {tensor!r}", where=context.user_source_line())
+            raise InvalidArgumentError(f"Not a tensor: {tensor!r} (Module.var_grad['{name}'])",
+                                       where=context.user_source_line(), fix="set the gradient tensor of the variable")
         if name not in self._variables:
-            raise AutodiffError(f"Module.var_grad: '{name}' is not a named input of the forward graph",
-                                where=context.user_source_line(), fix=f"use one of {sorted(self._variables)}")
-        expected = self._variables[name]
-        if tensor.shape != expected.shape:
-            raise AutodiffError(f"Module.var_grad['{name}']: gradient of shape {tensor.shape}, the variable has "
-                                f"shape {expected.shape}", where=context.user_source_line())
+            raise UnknownKeyError(f"Not a variable: {name}. Possible inputs: {list(self._variables)}",
+                                  where=context.user_source_line(), fix="use the name of a named input (variable)")
+        var = self._variables[name]
+        if var.shape != tensor.shape or var.meta_shape != tensor.meta_shape:
+            raise AutodiffError(
+                "Shape or meta-shape of Tensor does not match variable. "
+                f"Tensor shape: {tensor.shape} meta-shape {tensor.meta_shape}. "
+                f"Variable shape {var.shape} meta-shape {var.meta_shape}.", where=context.user_source_line())
         self.grads[name] = tensor
 
     def __getitem__(self, name: str) -> Tensor:
+        self._check_in_build_grad(name)
         return self.grads[name]
 
     def __contains__(self, name: str) -> bool:
@@ -105,10 +140,11 @@ def _checked_subset(given: Iterable[Tensor] | None, allowed: tuple[Tensor, ...],
     tensors = list(given)
     for t in tensors:
         if not isinstance(t, Tensor) or t not in allowed:
-            raise AutodiffError(f"a tensor in `{what}` is not an {kind} of graph '{graph}': {t!r}",
-                                where=context.user_source_line())
+            raise AutodiffError(f"A Tensor specified in `{what}` is not a {kind} of `fwd_graph` or not a Tensor: {t!r} "
+                                f"(graph '{graph}')", where=context.user_source_line())
     if len(set(tensors)) != len(tensors):
-        raise AutodiffError(f"a tensor is given twice in `{what}`", where=context.user_source_line())
+        raise AutodiffError(f"A Tensor has been specified more than once in `{what}`.",
+                            where=context.user_source_line())
     return tensors
 
 
@@ -119,8 +155,8 @@ def build_grad_graph(module: "Module", fwd: "GraphWithNamedArgs", grads_provided
     Steps: 1. check ``grads_provided`` (forward outputs) and ``grads_required`` (forward
     inputs); 2. build ``build_grad`` with one input per provided gradient, aux reads
     adding inputs; 3. check its outputs (one per required non-variable input) and append
-    the required variables' ``var_grad``s; 4. give the forward graph the aux tensors
-    it does not already expose as outputs; 5. describe the connections.
+    the required variables' ``var_grad``s; 4. give the forward graph every tensor saved
+    in aux as an output (as upstream, inputs included); 5. describe the connections.
 
     Raises:
         AutodiffError: (a ValueError) a check fails; the message says which.
@@ -131,15 +167,26 @@ def build_grad_graph(module: "Module", fwd: "GraphWithNamedArgs", grads_provided
     names = {t: name for name, t in fwd.args.to_dict().items()}
     variables = {names[t]: t for t in required if t in names}
     others = [t for t in required if t not in names]
+    _check_build_grad_signature(module)
     module.var_grad = VarGrads(fwd.args.to_dict())
     module.aux = fwd.aux.copy()
-    module.aux.open_for_grad()
-    grad_graph = graph.ir.create_graph(module.build_grad, *[t.spec for t in provided])
+    with building_grad(module):
+        grad_graph = graph.ir.create_graph(module.build_grad, *[t.spec for t in provided])
     _check_grad_outputs(module, grad_graph.outputs, others, variables)
-    grad_graph.set_outputs([*grad_graph.outputs, *(module.var_grad[name] for name in variables)])
+    grad_graph.set_outputs([*grad_graph.outputs, *(module.var_grad.grads[name] for name in variables)])
     saved = list(module.aux.grad_to_fwd.values())
-    graph.set_outputs([*graph.outputs, *(t for t in saved if t not in graph.outputs and t not in graph.inputs)])
+    # as upstream, every tensor saved in aux becomes an output of the forward graph (inputs too)
+    graph.set_outputs([*graph.outputs, *(t for t in module.aux.values() if isinstance(t, Tensor))])
     return GradGraphInfo.of(grad_graph, graph, provided, saved, [*others, *variables.values()])
+
+
+def _check_build_grad_signature(module: "Module") -> None:
+    for name, param in inspect.signature(module.build_grad).parameters.items():
+        if param.kind not in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+            raise InvalidArgumentError(
+                "The `build_grad` method signature must only have a fixed number of positional parameters as "
+                f"inputs. Not a positional parameter: {name}", where=context.user_source_line(),
+                fix="take one parameter per gradient of a forward output")
 
 
 def _check_grad_outputs(module: "Module", outputs: tuple[Tensor, ...], others: list[Tensor],
@@ -147,13 +194,24 @@ def _check_grad_outputs(module: "Module", outputs: tuple[Tensor, ...], others: l
     where = f"{type(module).__name__}.build_grad"
     missing = sorted(set(variables) - set(module.var_grad.grads))
     if missing:
-        raise AutodiffError(f"{where}: no var_grad for the variables {missing}", where=context.user_source_line(),
+        raise AutodiffError("Not all variable gradients have been specified in self.var_grad. If you dont want to "
+                            "output all gradients specify `grads_required` when calling autodiff. Variables missing "
+                            f"gradients: {missing} ({where})", where=context.user_source_line(),
                             fix="set self.var_grad[name] for each, or leave them out of grads_required")
-    if len(outputs) != len(others):
-        raise AutodiffError(f"{where} returned {len(outputs)} gradients, the forward graph has {len(others)} "
-                            "required inputs that are not variables", where=context.user_source_line(),
+    if len(outputs) > len(others):
+        raise AutodiffError(f"Too many outputs in the grad graph. `grads_required` has {len(others)} non-variable "
+                            f"outputs ({where} returned {len(outputs)}). If you dont want to output all gradients "
+                            "specify `grads_required` when calling autodiff.", where=context.user_source_line(),
+                            fix="return one gradient per non-variable forward input, in order (or set grads_required)")
+    if len(outputs) < len(others):
+        raise AutodiffError("Not all forward graph inputs have been specified as outputs in the grad graph. If you "
+                            "dont want to output all gradients specify `grads_required` when calling autodiff. "
+                            f"Outputs missing: {[t.name for t in others[len(outputs):]]} ({where})",
+                            where=context.user_source_line(),
                             fix="return one gradient per non-variable forward input, in order (or set grads_required)")
     for i, (out, fwd_in) in enumerate(zip(outputs, others)):
-        if out.shape != fwd_in.shape:
-            raise AutodiffError(f"{where}: gradient {i} has shape {out.shape}, forward input '{fwd_in.name}' has "
-                                f"shape {fwd_in.shape}", where=context.user_source_line())
+        if out.shape != fwd_in.shape or out.meta_shape != fwd_in.meta_shape:
+            raise AutodiffError(
+                f"Shape or meta-shape of output Tensor at position {i} does not match the `grad_required` at position "
+                f"{i}. Output Tensor shape: {out.shape} meta-shape {out.meta_shape}. Grad required shape "
+                f"{fwd_in.shape} meta-shape {fwd_in.meta_shape}. ({where})", where=context.user_source_line())

@@ -6,11 +6,11 @@ same graph with other tensors, so the graph's code exists once.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping
 
 from ipuxl.addons_compat.grad_graph import Aux
 from ipuxl.addons_compat.named_tensors import NamedTensors, TensorMap
-from ipuxl.errors import InvalidArgumentError
+from ipuxl.errors import AutodiffError, InvalidArgumentError
 from ipuxl.ir import context
 from ipuxl.ir.grad_info import GradGraphInfo
 from ipuxl.ir.graph import Graph
@@ -22,7 +22,7 @@ from ipuxl.ops.call import CallSiteInfo, call_with_info
 if TYPE_CHECKING:
     from ipuxl.addons_compat.module import Module
 
-__all__ = ["GraphWithNamedArgs", "BoundGraph"]
+__all__ = ["GraphWithNamedArgs", "BoundGraph", "CalledGraphsGradInfo"]
 
 
 class BoundGraph:
@@ -84,6 +84,43 @@ def _is_state(value: Tensor) -> bool:
     return bool(value.meta_shape) or value.node.meta.get(OP) in _STATE_OPS
 
 
+class CalledGraphsGradInfo:
+    """The gradient graphs a module's graph calls, by called graph (upstream's
+    ``_CalledGraphsGradInfoRefs``): a module's own entries plus its submodules' maps,
+    held by reference so entries submodules add while building are seen."""
+
+    def __init__(self, entries: Mapping[Any, Any] | None = None):
+        self.map: dict[Graph, GradGraphInfo] = dict(_normalised(g, i) for g, i in (entries or {}).items())
+        self.submaps: list[CalledGraphsGradInfo] = []
+
+    def add(self, fwd_graph: Any, grad_graph: Any) -> None:
+        """Record ``grad_graph`` (a GradGraphInfo or gradient GraphWithNamedArgs) for ``fwd_graph``."""
+        graph, info = _normalised(fwd_graph, grad_graph)
+        self.map[graph] = info
+
+    def add_submap(self, other: "CalledGraphsGradInfo | Mapping[Any, Any]") -> None:
+        self.submaps.append(other if isinstance(other, CalledGraphsGradInfo) else CalledGraphsGradInfo(other))
+
+    def consolidate(self) -> dict[Graph, GradGraphInfo]:
+        """One ``{called graph: GradGraphInfo}``; the module's own entries win over submodules'."""
+        merged: dict[Graph, GradGraphInfo] = {}
+        for sub in self.submaps:
+            merged.update(sub.consolidate())
+        merged.update(self.map)
+        return merged
+
+    def clear(self) -> None:
+        for sub in self.submaps:
+            sub.clear()
+        self.map, self.submaps = {}, []
+
+
+def _normalised(fwd_graph: Any, grad_graph: Any) -> tuple[Graph, GradGraphInfo]:
+    graph = fwd_graph if isinstance(fwd_graph, Graph) else fwd_graph.graph
+    info = grad_graph if isinstance(grad_graph, GradGraphInfo) else grad_graph.grad_graph_info
+    return graph, info
+
+
 class GraphWithNamedArgs:
     """A graph and the tensors (``args``) of its named inputs.
 
@@ -94,12 +131,16 @@ class GraphWithNamedArgs:
 
     def __init__(self, graph: Graph, args: NamedTensors | None = None,
                  grad_graph_info: GradGraphInfo | None = None, from_module: "Module | None" = None,
-                 aux: "Aux | None" = None):
+                 aux: "Aux | None" = None, called_graphs_grad_info: Mapping[Any, Any] | None = None):
         self.graph = graph
         self.args = args if args is not None else NamedTensors()
         self._grad_graph_info = grad_graph_info
         self._from_module = from_module
         self.aux = aux if aux is not None else Aux()
+        self.called_graphs_grad_info: dict[Graph, GradGraphInfo] = dict(
+            _normalised(g, i) for g, i in (called_graphs_grad_info or {}).items())
+        """The gradient graphs of the graphs this graph calls (``Module.call_module`` records
+        them), used by ``autodiff``; a graph whose gradient is hand-written must be here."""
         self.autodiff_applied = False
 
     @property
@@ -134,16 +175,45 @@ class GraphWithNamedArgs:
     def call_with_info(self, *targs: Any, args: TensorMap | None = None) -> CallSiteInfo:
         return self.bind().call_with_info(*targs, args=args)
 
-    def autodiff(self, grads_provided: Iterable[Tensor] | None = None,
-                 grads_required: Iterable[Tensor] | None = None, force: bool = False) -> "GraphWithNamedArgs":
-        """The gradient graph (see ``addons_compat.autodiff``); once per graph unless ``force``."""
-        from ipuxl.addons_compat.transforms import autodiff  # it builds on this module: a cycle at import
+    def autodiff(self, method: Literal["auto", "build_grad", "autodiff"] = "auto",
+                 grads_provided: Iterable[Tensor] | None = None, grads_required: Iterable[Tensor] | None = None,
+                 called_graphs_grad_info: Mapping[Any, Any] | None = None, *,
+                 force: bool = False) -> "GraphWithNamedArgs":
+        """The gradient graph, once per graph (unless ``force``, an ipuxl addition).
+
+        ``method``: "build_grad" uses the ``build_grad`` of the module that made the graph
+        (``from_module``); "autodiff" the autodiff transform, with this graph's
+        ``called_graphs_grad_info`` and ``called_graphs_grad_info``; "auto" (default)
+        "build_grad" when the module implements it, else "autodiff".
+
+        Raises:
+            AutodiffError: (a ValueError) autodiff was already applied, "build_grad" without
+                ``from_module``, or an unknown method.
+        """
+        from ipuxl.addons_compat.transforms.autodiff import transform_autodiff  # a cycle at import
 
         if self.autodiff_applied and not force:
-            raise InvalidArgumentError(
-                f"autodiff was already applied to graph '{self.graph.name}'; it rewrites the forward graph, "
-                "so applying it twice does not give the same result", fix="pass force=True to do it anyway")
-        grad = autodiff(self, grads_provided, grads_required)
+            raise AutodiffError(
+                f"Autodiff has already been applied to graph '{self.graph.name}'. It modifies the forward graph "
+                "(adds outputs), so it cannot be applied twice", where=context.user_source_line(),
+                fix="keep the first gradient graph (ipuxl: pass force=True to apply it again)")
+        module = self._from_module
+        if method == "auto":
+            method = "build_grad" if module is not None and module.implements_grad_graph else "autodiff"
+        if method == "build_grad":
+            if module is None:
+                raise AutodiffError(
+                    f"autodiff(method='build_grad') of graph '{self.graph.name}' is only possible if `from_module` "
+                    "is specified (the module whose build_grad writes the gradient)", where=context.user_source_line(),
+                    fix="create the graph with Module.create_graph, or use method='autodiff'")
+            grad = module.create_grad_graph(self, grads_provided, grads_required)
+        elif method == "autodiff":
+            called = {**self.called_graphs_grad_info,
+                      **dict(_normalised(g, i) for g, i in (called_graphs_grad_info or {}).items())}
+            grad = transform_autodiff(self, grads_provided, grads_required, called)
+        else:
+            raise AutodiffError(f"autodiff method should be one of 'auto', 'build_grad', 'autodiff'. Not: {method!r}",
+                                where=context.user_source_line())
         self.autodiff_applied = True
         return grad
 
@@ -160,7 +230,7 @@ class GraphWithNamedArgs:
 
     def copy(self) -> "GraphWithNamedArgs":
         return GraphWithNamedArgs(self.graph, self.args.copy(), self._grad_graph_info, self._from_module,
-                                  self.aux.copy())
+                                  self.aux.copy(), self.called_graphs_grad_info)
 
     def print_schedule(self) -> str:
         """The schedule in popxl.addons' text form, named inputs shown as ``name=%k``."""

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 from ipuxl.dtypes import DTypeLike
 from ipuxl.addons_compat.dot_tree import clear_leaves
 from ipuxl.addons_compat.grad_graph import Aux, VarGrads, build_grad_graph
-from ipuxl.addons_compat.graph import GraphWithNamedArgs
+from ipuxl.addons_compat.graph import CalledGraphsGradInfo, GraphWithNamedArgs
 from ipuxl.addons_compat.graph_cache import GraphCache
 from ipuxl.addons_compat.named_tensors import NamedTensors
 from ipuxl.addons_compat.variable_factory import (
@@ -60,12 +60,14 @@ class Module(graph_builder.Module):
         self.aux = Aux()
         self.var_grad = VarGrads()
         self.grad_inlining_error = grad_inlining_error
+        self.called_graphs_grad_info = CalledGraphsGradInfo()
+        if cache and self.implements_grad_graph:
+            raise AutodiffError(f"You cannot use graph caching if you have implemented `build_grad`. "
+                                f"({type(self).__name__})", where=context.user_source_line(),
+                                fix="create the module with cache=False")
         if grad_inlining_error not in ("error", "warning", "none"):
             raise AutodiffError(f"grad_inlining_error should be one of 'error', 'warning', 'none'. "
                                 f"Not: {grad_inlining_error!r}", where=context.user_source_line())
-        if cache and self.implements_grad_graph:
-            raise AutodiffError(f"{type(self).__name__}: graph caching cannot be used with build_grad",
-                                where=context.user_source_line(), fix="create the module with cache=False")
 
     # -- hand-written gradients ---------------------------------------------------------
     @property
@@ -89,7 +91,8 @@ class Module(graph_builder.Module):
                 builds does not fit ``fwd_graph`` (see ``grad_graph.build_grad_graph``).
         """
         if not self.implements_grad_graph:
-            raise AutodiffError(f"{type(self).__name__}.create_grad_graph: the module does not implement build_grad",
+            raise AutodiffError("The default implementation of `build_graph` needs to be overridden to use "
+                                f"`create_grad_graph` ({type(self).__name__} does not implement build_grad)",
                                 where=context.user_source_line(), fix="override build_grad, or use autodiff")
         info = build_grad_graph(self, fwd_graph, grads_provided, grads_required)
         self._reset()
@@ -97,9 +100,10 @@ class Module(graph_builder.Module):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.implements_grad_graph and self.grad_inlining_error != "none":
-            message = (f"{type(self).__name__} is called directly but implements `build_grad`: inlined into the "
-                       "caller, its build_grad is not used by autodiff. Create a graph of this module and call it "
-                       "(e.g. self.call_module(module)); to disable this guardrail set grad_inlining_error='none'")
+            message = (f"You are calling this module ({type(self).__name__}) directly but `build_grad` has been "
+                       "implemented. If you call this module directly `build_grad` will not be called when using "
+                       "autodiff. You need to create a graph of this module first and call that graph e.g. use "
+                       "`self.call_module`. To disable this guardrail set `grad_inlining_error` to `none`")
             if self.grad_inlining_error == "error":
                 raise AutodiffError(message, where=context.user_source_line())
             warnings.warn(message, stacklevel=2)
@@ -122,6 +126,7 @@ class Module(graph_builder.Module):
             # inputs it adds while building appear here as "key.name".
             self._variable_factories.insert(key, value.variable_factories, overwrite=True)
             self._named_inputs.insert(key, value.named_inputs, overwrite=True)
+            self.called_graphs_grad_info.add_submap(value.called_graphs_grad_info)
         super().__setattr__(key, value)
 
     @classmethod
@@ -227,8 +232,11 @@ class Module(graph_builder.Module):
         else:
             self.aux = Aux()
             graph = ir.create_graph(self, *args, **kwargs)
+            if self.implements_grad_graph:  # autodiff of a caller needs its grad info (upstream: PopART's flag)
+                graph.can_be_recursively_autodiffed = False
             factories, named = self._variable_factories, self._named_inputs
-        result = factories.copy(), GraphWithNamedArgs(graph, named.copy(), from_module=self, aux=self.aux.copy())
+        result = factories.copy(), GraphWithNamedArgs(graph, named.copy(), from_module=self, aux=self.aux.copy(),
+                                                      called_graphs_grad_info=self.called_graphs_grad_info.consolidate())
         self._reset()
         return result
 
@@ -236,15 +244,29 @@ class Module(graph_builder.Module):
         """Forget the inputs and aux of the last graph (submodule subtrees are kept, emptied)."""
         clear_leaves(self._variable_factories)
         clear_leaves(self._named_inputs)
+        self.called_graphs_grad_info.clear()
         self.aux = Aux()
         self.var_grad = VarGrads()
 
-    def call_module(self, module: "Module", name: str | None = None) -> Callable[..., tuple[Tensor, ...]]:
-        """Outline ``module``: build its graph, add its inputs under ``name`` and return a caller."""
+    def call_module(self, module: "Module", name: str | None = None,
+                    autodiff: Literal["auto", "build_grad", "autodiff", "none"] = "auto"
+                    ) -> Callable[..., tuple[Tensor, ...]]:
+        """Outline ``module``: build its graph, add its inputs under ``name`` and return a caller.
+
+        ``autodiff``: "auto" builds the gradient graph of a module that implements
+        ``build_grad`` (recorded in ``called_graphs_grad_info``, so autodiff of this
+        module's graph uses it); "build_grad"/"autodiff" always build it with that method;
+        "none" never. The gradient graph is built before the call, as it adds outputs to
+        the forward graph; the call returns the forward graph's original outputs.
+        """
         def call(*args: Any, **kwargs: Any) -> tuple[Tensor, ...]:
             factories, graph = module.create_graph(*args, **kwargs)
             inputs = self.add_variable_inputs(name or type(module).__name__, factories)
+            self.called_graphs_grad_info.add_submap(graph.called_graphs_grad_info)
+            outputs_before = len(graph.graph.outputs)
+            if not (autodiff == "none" or (autodiff == "auto" and not module.implements_grad_graph)):
+                self.called_graphs_grad_info.add(graph.graph, graph.autodiff(method=autodiff).grad_graph_info)
             tensor_args = [a for a in args if isinstance(a, Tensor)]
-            return graph.bind(inputs).call(*tensor_args)
+            return graph.bind(inputs).call(*tensor_args)[:outputs_before]
 
         return call

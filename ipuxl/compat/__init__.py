@@ -36,6 +36,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
+import pkgutil
 import sys
 from types import ModuleType
 from typing import NoReturn, Sequence
@@ -139,25 +140,41 @@ def _resolve_quiet(name: str) -> str | None:
 
 
 def _register_renamed_children(parent: str) -> None:
-    """Put the aliases under ``parent`` whose ipuxl module has another name in ``sys.modules``.
+    """Put the aliases under ``parent`` that loading would rebind onto ipuxl's module in ``sys.modules``.
 
-    Python sets a loaded submodule as an attribute of its parent (loading
-    ``popxl.ops.gelu`` would replace the op ``ipuxl.ops.gelu`` by a module); an alias
-    already in ``sys.modules`` is never loaded, so its parent keeps its attributes.
+    Python sets a loaded submodule as an attribute of its parent, and the parent of an
+    alias *is* an ipuxl module: loading ``popxl.ops.call`` (``from popxl.ops.call import
+    CallSiteInfo``) would replace the op ``ipuxl.ops.call`` by the module, and loading
+    ``popxl.ops.gelu`` would bind a module where ipuxl has the op. An alias already in
+    ``sys.modules`` is never loaded, so its parent keeps its attributes. Registered: every
+    child whose ipuxl module has another name, and every child whose name the parent
+    already binds to something else (an op, a function).
     """
-    real_parent = sys.modules[parent].__name__
+    parent_module = sys.modules[parent]
+    real_parent = parent_module.__name__
+    for child in _children(parent, parent_module):
+        target, last = _resolve_quiet(child), child.rpartition(".")[2]
+        if target is None or child in sys.modules:
+            continue
+        bound = vars(parent_module).get(last)
+        if target == f"{real_parent}.{last}" and (bound is None or bound is sys.modules.get(target)):
+            continue  # loading it binds what ``import <target>`` binds
+        if importlib.util.find_spec(target) is not None:
+            sys.modules[child] = module = importlib.import_module(target)
+            if last not in vars(parent_module):  # ``popxl.context`` reads as upstream's
+                setattr(parent_module, last, module)
+                _ATTRIBUTES_SET.append((parent_module, last))
+
+
+def _children(parent: str, parent_module: ModuleType) -> list[str]:
+    """Upstream module paths directly under ``parent``: from the tables, PopXL's op files, ipuxl's submodules."""
     children = [n for known in table.TABLES for n in known if n.rpartition(".")[0] == parent]
     if parent == "popxl.ops":
         children += [f"popxl.ops.{f}" for f in table.OP_FILES]
-    for child in children:
-        target, last = _resolve_quiet(child), child.rpartition(".")[2]
-        if target is None or child in sys.modules or target == f"{real_parent}.{last}":
-            continue
-        if importlib.util.find_spec(target) is not None:
-            sys.modules[child] = module = importlib.import_module(target)
-            if not hasattr(sys.modules[parent], last):  # ``popxl.context`` reads as upstream's
-                setattr(sys.modules[parent], last, module)
-                _ATTRIBUTES_SET.append((sys.modules[parent], last))
+    search = getattr(parent_module, "__path__", None)
+    if search is not None:
+        children += [f"{parent}.{info.name}" for info in pkgutil.iter_modules(search)]
+    return list(dict.fromkeys(children))
 
 
 #: (module, name) of the submodule attributes set for renamed children, removed by ``uninstall``

@@ -55,7 +55,7 @@ POPXL: dict[str, str | None] = {
     "popxl.ops.var_updates.adam_var_update": "ipuxl.ops.var_updates",
     "popxl.ops.var_updates.copy_var_update": "ipuxl.ops.var_updates",
     "popxl.ops.var_updates.utils": "ipuxl.ops.var_updates",
-    "popxl.ops.utils": None,
+    "popxl.ops.utils": "ipuxl.ops.utils",
     "popxl.fp8_utils": None,
     "popxl.remote_buffer": "ipuxl.ir.remote",  # Streaming Memory
     "popxl.tensorlocation": "ipuxl.ir.remote",

@@ -215,11 +215,33 @@ def run_replicas(comm: Communicator, work: Sequence[Callable[[], None]]) -> None
                for i, r in enumerate(comm.local)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.join()
+    except BaseException as interruption:  # Ctrl-C (KeyboardInterrupt) in the calling thread
+        _stop_replicas(comm, threads, interruption)
+        raise
     comm._barrier.reset()
     comm._failure = None
     if errors:
         # the first real failure, not the replicas it stopped
         _, exc = next(((r, e) for r, e in errors if not isinstance(e, ReplicaFailureError)), errors[0])
         raise exc
+
+
+def _stop_replicas(comm: Communicator, threads: Sequence[threading.Thread], interruption: BaseException) -> None:
+    """Stop the replica threads before an interruption of the caller leaves ``run_replicas``.
+
+    A replica thread left running would still be inside torch's kernels when the
+    interpreter exits (a program that catches Ctrl-C, saves a checkpoint and returns),
+    and torch's thread pool torn down under it aborts the process ("terminate called
+    without an active exception"). Breaking the barrier stops each replica at its next
+    collective (one not yet started starts and stops there); the replica running keeps
+    the turn until then, so this waits at most for the op in progress and the ops up to
+    that collective.
+    """
+    comm.abort(interruption)
+    for t in threads:
+        t.join()
+    comm._barrier.reset()
+    comm._failure = None

@@ -35,6 +35,7 @@ changed afterwards is refused with an error, never run half-way.
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
 
@@ -263,7 +264,8 @@ class Session:
     def _require_attached(self, what: str) -> None:
         if not self._attached:
             raise DetachedError(
-                f"Session.{what} needs the session attached to its device",
+                f"Must be attached to device before calling a runtime function (Session.{what}). Put the call "
+                "inside a `Session` context, for example `with session: session.run()`.",
                 fix="put the call inside the session context: `with session: session.run(...)`")
 
     # -- running ------------------------------------------------------------------------
@@ -489,6 +491,11 @@ class Session:
         """Check the host data's shape; with replicas, keep this process's replicas."""
         n, replicas, local = self._built.steps, self._built.replicas, self._plan.local
         got = tuple(tensor.shape)
+        full_shape = self._full_shape(stream.shape)
+        if got != full_shape and all(d == 1 for d in stream.shape) and tensor.numel() == math.prod(full_shape):
+            # PopXL's special case: a stream of one element per slice takes data with any
+            # arrangement of size-1 dims (a scalar for a shape-(1,) stream)
+            tensor, got = tensor.reshape(full_shape), full_shape
         if self._comm is None:
             if got != self._full_shape(stream.shape):
                 self._raise_shape(stream, got)

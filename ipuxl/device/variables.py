@@ -220,8 +220,11 @@ class DeviceVariables:
         """Refuse ``tensor`` unless it is one of ``kinds`` and a variable or constant of this
         IR that the session compiled (``what``: the API call, for the message)."""
         if not isinstance(tensor, kinds):
+            # PopXL's sentences: ``get_tensor_data`` and ``write_variable_data`` name what they support
+            kind, api = ("Constant or Variable", "get_tensor_data") if len(kinds) > 1 else ("Variable", "write_variable_data")
+            shown = f"Tensor {tensor.id}" if isinstance(tensor, Tensor) else repr(tensor)
             raise InvalidArgumentError(
-                f"{what}: {tensor!r} is not a {' or '.join(k.__name__ for k in kinds)}",
+                f"{shown} is not of type {kind}. {api} is not supported for this type ({what})",
                 fix="pass tensors created with ipuxl.variable (or ipuxl.constant)")
         if tensor.graph.ir is not self.ir:
             raise InvalidArgumentError(

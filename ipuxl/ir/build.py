@@ -79,7 +79,7 @@ def emit(
     node = graph.fx.create_node("call_function", target, node_args, node_kwargs,
                                 name=identifier(name or op_name))
     _record(node, op_name, meta_out, name)
-    placement.stamp(node)
+    placement.stamp(node, op=True)
     node.meta[OP_ID] = graph.ir.next_op_id()
     if modifies is not None:
         node.meta[MODIFIES] = storage_owner(modifies.node, views=False)

@@ -94,6 +94,11 @@ def name_scopes_open() -> bool:
 
 
 def push_graph(graph: "Graph") -> None:
+    if _graph_stack and _graph_stack[-1].ir is not graph.ir:
+        raise GraphContextError(
+            f"Cannot enter graph '{graph.name}' of another Ir inside the context of graph '{_graph_stack[-1].name}' "
+            "(PopXL allows only graphs of one Ir in nested contexts)", where=user_source_line(),
+            fix="leave the other Ir's graph context first")
     _graph_stack.append(graph)
 
 
@@ -116,7 +121,7 @@ class in_sequence:  # noqa: N801 - PopXL's public name
 
     def __init__(self, enabled: bool = True):
         if enabled is None:
-            raise InvalidArgumentError("in_sequence(None): None is not a setting", where=user_source_line(),
+            raise InvalidArgumentError("`None` cannot be passed to in_sequence: it is not a setting", where=user_source_line(),
                                        fix="use in_sequence(False) to let ops run in any order")
         self.enabled = enabled
 

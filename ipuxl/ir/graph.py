@@ -60,6 +60,9 @@ class Graph:
         self._handles: dict[fx.Node, Tensor] = {}
         self.constant_data: dict[str, torch.Tensor] = {}
         self.grad_info: GradGraphInfo | None = None
+        self.can_be_recursively_autodiffed = True
+        """False for a graph whose gradient is written by hand (a popxl.addons Module's
+        ``build_grad``): autodiff of a graph calling it needs its ``GradGraphInfo``."""
         self._op_created_hooks: dict[int, OpCreatedHook] = {}
 
     # -- context ------------------------------------------------------------------
@@ -78,6 +81,12 @@ class Graph:
     @property
     def outputs(self) -> tuple[Tensor, ...]:
         return tuple(self._outputs)
+
+    @property
+    def _by_ref_inputs(self) -> set[Tensor]:
+        """The inputs passed by reference (PopXL's ``Graph._by_ref_inputs``): ``TensorByRef``
+        parameters and ``graph_input(..., by_ref=True)``. A new set on each read."""
+        return {t for t in self._inputs if t.node.meta.get(BY_REF)}
 
     def get_input_tensors(self) -> tuple[Tensor, ...]:
         return self.inputs
@@ -131,17 +140,19 @@ class Graph:
         return called_graphs(self)
 
     def get_tensor(self, tensor_id: str) -> Tensor:
-        """The tensor whose ``id`` (``graph/name``) or name is ``tensor_id``.
+        """The tensor whose ``id`` or name is ``tensor_id`` (``graph/name`` is accepted for the
+        main graph's tensors too, whose PopXL ids are their names).
 
         Raises:
             InvalidValueError: (a ValueError) no tensor of this graph has it.
         """
         for t in self.tensors:
-            if tensor_id in (t.id, t.name):
+            if tensor_id in (t.id, t.name, f"{self.name}/{t.name}"):
                 return t
+        looks = "<tensor name>" if self.is_main else f"{self.name}/<tensor name>"
         raise InvalidValueError(f"graph '{self.name}' has no tensor with id {tensor_id!r}",
                                 where=context.user_source_line(),
-                                fix=f"ids of this graph look like '{self.name}/<tensor name>'; see graph.tensors")
+                                fix=f"ids of this graph look like '{looks}'; see graph.tensors")
 
     def __contains__(self, value: Tensor) -> bool:
         if not isinstance(value, Tensor):

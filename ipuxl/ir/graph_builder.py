@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 
 from ipuxl.dtypes import DOWNCAST, DTypeLike, check_supported, float8_options_unset, from_any, to_numpy_dtype
-from ipuxl.errors import InvalidArgumentError, ReplicationError, WrongGraphError
+from ipuxl.errors import InvalidArgumentError, InvalidValueError, ReplicationError, WrongGraphError
 from ipuxl.ir import context, placement
 from ipuxl.ir.meta import NAME, ROLE, SOURCE, Role
 from ipuxl.ir.replica_grouping import ReplicaGrouping
@@ -112,7 +112,7 @@ def variable(data: Any, dtype: DTypeLike | None = None, name: str | None = None,
         UnsupportedError: (a RuntimeError) ``log2_scale`` or ``nan_on_overflow`` is set
             (PopXL's float8 options; ipuxl has no float8).
     """
-    float8_options_unset(f"variable '{name or 'variable'}'", log2_scale, nan_on_overflow)
+    float8_options_unset(f"variable '{name or 't'}'", log2_scale, nan_on_overflow)
     graph = context.gcg()
     if not graph.is_main:
         raise WrongGraphError(
@@ -125,9 +125,9 @@ def variable(data: Any, dtype: DTypeLike | None = None, name: str | None = None,
     array, torch_dtype = host_array(data, dtype, downcast, f"variable '{name or 'variable'}'")
     ir = graph.ir
     shape = grouped_shape(ir, name or "variable", array.shape, replica_grouping, retrieval_mode)
-    attr = ir.unique_name(set(ir.variable_records) | set(graph.constant_data), _attr_name(name or "variable"))
+    attr = ir.unique_name(set(ir.variable_records) | set(graph.constant_data), _attr_name(name or "t"))
     node = graph.fx.get_attr(attr)
-    _record_leaf(node, shape, torch_dtype, context.scoped_name(name or attr), Role.VARIABLE)
+    _record_leaf(node, shape, torch_dtype, _unique_leaf_name(name, attr), Role.VARIABLE)
     tensor = graph.wrap(node, Variable)
     ir.record_variable(attr, tensor, array, replica_grouping, retrieval_mode or "one_per_group")
     return tensor
@@ -168,10 +168,10 @@ def constant(data: Any, dtype: DTypeLike | None = None, name: str | None = None,
     """Create a constant tensor in the current graph."""
     graph = context.gcg()
     array, torch_dtype = host_array(data, dtype, downcast, f"constant '{name or 'constant'}'")
-    attr = graph.ir.unique_name(set(graph.constant_data) | set(graph.ir.variable_records), _attr_name(name or "constant"))
+    attr = graph.ir.unique_name(set(graph.constant_data) | set(graph.ir.variable_records), _attr_name(name or "t"))
     graph.constant_data[attr] = torch.from_numpy(array).to(torch_dtype)
     node = graph.fx.get_attr(attr)
-    _record_leaf(node, array.shape, torch_dtype, context.scoped_name(name or attr), Role.CONSTANT)
+    _record_leaf(node, array.shape, torch_dtype, _unique_leaf_name(name, attr), Role.CONSTANT)
     return graph.wrap(node, Constant)
 
 
@@ -180,8 +180,8 @@ def _bind(target: Callable[..., Any], name: str, args: tuple, kwargs: dict) -> i
     try:
         bound = inspect.signature(target).bind(*args, **kwargs)
     except TypeError as exc:
-        raise InvalidArgumentError(
-            f"the arguments given to create_graph do not match the signature of `{name}`: {exc}",
+        raise InvalidValueError(
+            f"The arguments, `args` and `kwargs`, do not match the signature of the function `{name}`: {exc}",
             where=context.user_source_line(),
             fix=f"pass the arguments `{name}` expects: {inspect.signature(target)}",
         ) from None
@@ -207,7 +207,13 @@ def _as_inputs(graph: "Graph", param: str, value: Any, by_ref: bool = False) -> 
     if isinstance(value, (Tensor, TensorSpec)):
         spec = value.spec if isinstance(value, Tensor) else value
         return graph.add_input(spec, param, by_ref=by_ref)
-    if isinstance(value, (list, tuple)) and any(isinstance(v, (Tensor, TensorSpec, TensorByRef)) for v in value):
+    tensor_like = (Tensor, TensorSpec, TensorByRef)
+    if isinstance(value, (list, tuple)) and any(isinstance(v, tensor_like) for v in value):
+        if not all(isinstance(v, tensor_like) for v in value):
+            raise InvalidArgumentError(
+                f"A {type(value).__name__} argument can't contain a mixture of Tensors and other types. Arg name: "
+                f"{param}. Value: {value!r}", where=context.user_source_line(),
+                fix="pass the tensors in one argument and the other values in others")
         return type(value)(_as_inputs(graph, f"{param}_{i}", v, by_ref) for i, v in enumerate(value))
     # anything else (a number, a dict, a graph to code-load, a numpy array...) is passed through, as in PopXL
     return value
@@ -218,9 +224,9 @@ def _outputs(graph: "Graph", name: str, result: Any) -> list[Tensor]:
         return []
     items = [result] if isinstance(result, Tensor) else list(result) if isinstance(result, (list, tuple)) else None
     if items is None or not all(isinstance(t, Tensor) for t in items):
-        raise InvalidArgumentError(
-            f"`{name}` returned {type(result).__name__}; a graph's outputs must be None, a Tensor "
-            "or a sequence of Tensors",
+        raise InvalidValueError(
+            f"Output of subgraph must be None, a Tensor or an iterable of Tensors. Output type: "
+            f"{type(result).__name__} (returned by `{name}`). Value {result!r}",
             where=context.user_source_line(),
             fix="return the Tensors the graph should output",
         )
@@ -267,6 +273,14 @@ def _record_leaf(node: fx.Node, shape: tuple[int, ...], dtype: torch.dtype, name
     node.meta[SOURCE] = context.user_source_line()
     if role == Role.VARIABLE:
         placement.stamp(node)
+
+
+def _unique_leaf_name(name: str | None, attr: str) -> str:
+    """The tensor name of a variable or constant: ``name``, suffixed as its attribute was when the
+    name was taken (PopXL's ids are unique: a second "w" is not "w" again)."""
+    if name is None:
+        return context.scoped_name(attr)
+    return context.scoped_name(name + attr[len(_attr_name(name)):])
 
 
 def _attr_name(name: str) -> str:

@@ -10,6 +10,7 @@ import numpy as np
 from ipuxl.errors import InvalidArgumentError
 from ipuxl.ir.graph import Graph, identifier
 from ipuxl.ir.graph_builder import build_graph
+from ipuxl.ir.meta import ROLE, STREAM, Role
 from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream, Stream
 from ipuxl.ir.tensor import Variable
@@ -162,17 +163,26 @@ class Ir:
 
     def new_subgraph(self, name: str) -> Graph:
         """A new subgraph, named as PopXL does: ``{name}_subgraph({k})``, k counting per IR."""
-        graph = Graph(self, f"{identifier(name)}_subgraph({self._subgraph_count})", base_name=identifier(name))
+        graph = Graph(self, f"{name}_subgraph({self._subgraph_count})", base_name=identifier(name))
         self._subgraph_count += 1
         self.graphs.append(graph)
         return graph
 
     # -- streams and variables --------------------------------------------------------
     def get_all_h2d_streams(self) -> list[HostToDeviceStream]:
-        return [s for s in self.streams if isinstance(s, HostToDeviceStream)]
+        """The host-to-device streams some ``ops.host_load`` of the IR loads (PopXL's: a stream
+        nothing loads is not an input of the program)."""
+        used = self._used_streams()
+        return [s for s in self.streams if isinstance(s, HostToDeviceStream) and s in used]
 
     def get_all_d2h_streams(self) -> list[DeviceToHostStream]:
-        return [s for s in self.streams if isinstance(s, DeviceToHostStream)]
+        """The device-to-host streams some ``ops.host_store`` of the IR stores to (PopXL's)."""
+        used = self._used_streams()
+        return [s for s in self.streams if isinstance(s, DeviceToHostStream) and s in used]
+
+    def _used_streams(self) -> set[Stream]:
+        return {n.meta[STREAM] for g in self.graphs for n in g.fx.nodes
+                if n.meta.get(ROLE) in Role.STREAMS and STREAM in n.meta}
 
     @property
     def variables(self) -> list[Variable]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 __all__ = [
     "NAME", "ROLE", "BY_REF", "STREAM", "OP", "OP_ID", "SOURCE", "IN_SEQUENCE", "MODIFIES", "VIEW_OF", "WRITES",
-    "CALLED_GRAPH", "BY_REF_ARGS", "OUTLINED", "NO_GRAD", "META_SHAPE", "IPU", "PIPELINE_STAGE", "REMOTE",
+    "CALLED_GRAPH", "BY_REF_ARGS", "OUTLINED", "NO_GRAD", "META_SHAPE", "IPU", "TILE_SET", "PIPELINE_STAGE", "REMOTE",
     "Role", "COLLECTIVE_OPS",
 ]
 
@@ -71,7 +71,11 @@ META_SHAPE = "ipuxl_meta_shape"
 """On collective ops: the shape of the tensor before replication-dependent reshaping."""
 IPU = "ipuxl_ipu"
 """On ops and variables: the IPU (PopART's virtual graph id, ``int``) they are placed on
-(``popxl.ipu(n)``, PopTorch's ``Block``/``BeginBlock``); absent means IPU 0."""
+(``popxl.ipu(n)``, PopTorch's ``Block``/``BeginBlock``); absent means IPU 0; ``None``: built
+under ``popxl.ipu(None)``, no IPU recorded (PopXL's "undefined")."""
+TILE_SET = "ipuxl_tile_set"
+"""On ops: ``"compute"`` or ``"io"`` (built under ``popxl.io_tiles()``), the tile set PopXL
+reports as ``Tensor.tile_set``; absent on inputs, variables and constants (undefined)."""
 PIPELINE_STAGE = "ipuxl_pipeline_stage"
 """On ops: the pipeline stage (``int``) they belong to (PopTorch ``Stage``, popxl.addons
 ``pipeline.stage(i)``); absent means no pipelining."""

@@ -28,34 +28,36 @@ from torch.utils._pytree import tree_map
 
 from ipuxl.errors import PlacementError
 from ipuxl.ir import context
-from ipuxl.ir.meta import IPU, NAME
+from ipuxl.ir.meta import IPU, NAME, TILE_SET
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
     from ipuxl.ir.ir import Ir
 
-__all__ = ["ipu", "io_tiles", "current_ipu", "ipu_of", "stamp", "check_inputs", "num_ipus", "unchecked",
-           "in_io_tiles"]
+__all__ = ["ipu", "io_tiles", "current_ipu", "ipu_of", "tile_set_of", "stamp", "check_inputs", "num_ipus",
+           "unchecked", "in_io_tiles"]
 
-_ipu_stack: list[int] = []
+_ipu_stack: list[int | None] = []
 _io_tiles_stack: list[bool] = []
 _unchecked_depth: list[bool] = []
 
 
 @contextlib.contextmanager
-def ipu(ipu: int) -> Iterator[None]:
+def ipu(ipu: int | None) -> Iterator[None]:
     """Place the ops and variables built in this context on IPU ``ipu`` (PopXL's ``popxl.ipu``).
 
     Contexts nest; the innermost wins. Outside every context ops are on IPU 0.
+    ``ipu(None)`` records no IPU, as PopXL's (not recommended): such tensors have no
+    ``Tensor.ipu`` and ``ops.ipu_copy`` needs their ``source``.
 
     Raises:
-        PlacementError: (a ValueError) ``ipu`` is not an int >= 0.
+        PlacementError: (a ValueError) ``ipu`` is not None or an int >= 0.
 
     Example:
         >>> with ir.main_graph, ipuxl.ipu(1):
         ...     y = x.copy_to_ipu(1) * 2   # built on IPU 1
     """
-    if isinstance(ipu, bool) or not isinstance(ipu, int) or ipu < 0:
+    if ipu is not None and (isinstance(ipu, bool) or not isinstance(ipu, int) or ipu < 0):
         raise PlacementError(f"popxl.ipu needs an IPU id, an int >= 0; got {ipu!r}",
                              where=context.user_source_line(), fix="use popxl.ipu(0), popxl.ipu(1), ...")
     _ipu_stack.append(ipu)
@@ -95,21 +97,33 @@ def unchecked() -> Iterator[None]:
 
 
 def current_ipu() -> int | None:
-    """The IPU of the innermost ``ipu(n)`` context, or None outside every one."""
+    """The IPU of the innermost ``ipu(n)`` context, or None outside every one (or in ``ipu(None)``)."""
     return _ipu_stack[-1] if _ipu_stack else None
 
 
-def stamp(node: fx.Node) -> None:
-    """Record the current IPU on ``node`` (an op or variable just built)."""
+def stamp(node: fx.Node, op: bool = False) -> None:
+    """Record the current IPU on ``node`` (an op or variable just built); ``op``: also its tile set."""
     if _ipu_stack:
         node.meta[IPU] = _ipu_stack[-1]
+    if op:
+        node.meta[TILE_SET] = "io" if _io_tiles_stack else "compute"
+
+
+def tile_set_of(node: fx.Node) -> str | None:
+    """``"compute"`` or ``"io"`` for an op's value; None (undefined) for inputs, variables and constants."""
+    if TILE_SET in node.meta:
+        return str(node.meta[TILE_SET])
+    if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], fx.Node):
+        return tile_set_of(node.args[0])
+    return None
 
 
 def ipu_of(node: fx.Node) -> int | None:
     """The IPU ``node``'s value lives on; None for a wildcard (a subgraph input, a
-    constant, a host-stream slot, an unplaced variable: they live wherever they are read)."""
+    constant, a host-stream slot, an unplaced variable: they live wherever they are read,
+    or an op built under ``ipu(None)``)."""
     if IPU in node.meta:
-        return int(node.meta[IPU])
+        return None if node.meta[IPU] is None else int(node.meta[IPU])
     if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], fx.Node):
         return ipu_of(node.args[0])
     if node.op in ("placeholder", "get_attr"):
@@ -126,11 +140,19 @@ def check_inputs(graph: "Graph", op_name: str, args: Any, kwargs: Any) -> None:
     if _unchecked_depth or not graph.is_main:
         return
     here = current_ipu() or 0
+    tiles_here = "io" if _io_tiles_stack else "compute"
     from ipuxl.ir.tensor import Tensor  # tensor imports context only; keep this module light
 
     def check(value: Any) -> Any:
         if isinstance(value, Tensor):
-            there = ipu_of(value.node)
+            there, tiles_there = ipu_of(value.node), tile_set_of(value.node)
+            if tiles_there is not None and tiles_there != tiles_here:
+                name = value.node.meta.get(NAME, value.node.name)
+                raise PlacementError(
+                    f"op '{op_name}' is built on the {tiles_here} tiles but reads tensor '{name}', which lives on "
+                    f"the {tiles_there} tiles; the tile sets differ (PopART refuses this program)",
+                    where=context.user_source_line(),
+                    fix="copy it first with ops.io_tile_copy(t), or build the op in the same tile set")
             if there is not None and there != here:
                 name = value.node.meta.get(NAME, value.node.name)
                 raise PlacementError(
@@ -149,6 +171,6 @@ def num_ipus(ir: "Ir") -> int:
     largest = 0
     for graph in ir.graphs:
         for node in graph.fx.nodes:
-            if IPU in node.meta:
+            if node.meta.get(IPU) is not None:
                 largest = max(largest, int(node.meta[IPU]))
     return largest + 1

@@ -28,7 +28,6 @@ variables must be complete by then.
 from __future__ import annotations
 
 import enum
-import itertools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -113,7 +112,6 @@ def _handles_graph(ir: "Ir") -> Graph:
     return cast(Graph, graph)
 
 
-_buffer_ids = itertools.count(1)
 
 
 # -- buffers ------------------------------------------------------------------------------------
@@ -133,7 +131,7 @@ class RemoteBuffer:
 
     def __init__(self, tensor_shape: tuple[int, ...], tensor_dtype: DTypeLike, entries: int = 1) -> None:
         self._ir = context.gcg().ir
-        self._remote_buffer_id = next(_buffer_ids)
+        self._remote_buffer_id = len(remote_buffers(self._ir)) + 1  # PopXL numbers an Ir's buffers from 1
         self._meta_shape: tuple[int, ...] = ()
         self.shard_over: int | None = None
         """ipuxl: replicas one slot's full tensor is sharded over (``replica_sharded_buffer``; None: not
@@ -155,7 +153,7 @@ class RemoteBuffer:
 
     @property
     def remote_buffer_id(self) -> int:
-        """The buffer's id (unique in the process)."""
+        """The buffer's id: 1, 2, ... in the order the Ir's buffers were made (PopXL's)."""
         return self._remote_buffer_id
 
     @property
@@ -163,12 +161,25 @@ class RemoteBuffer:
         return self._ir
 
     @property
+    def _current_ir(self) -> "Ir":
+        """The Ir the buffer belongs to, under PopXL's attribute name."""
+        return self._ir
+
+    @property
     def tensor_shape(self) -> tuple[int, ...]:
         return self._tensor_shape
+
+    @tensor_shape.setter
+    def tensor_shape(self, _: Any) -> None:
+        raise AttributeError("can't set attribute")  # PopXL: change it with set_remote_buffer_info
 
     @property
     def tensor_dtype(self) -> "dtypes.dtype":
         return self._tensor_dtype
+
+    @tensor_dtype.setter
+    def tensor_dtype(self, _: Any) -> None:
+        raise AttributeError("can't set attribute")
 
     @property
     def entries(self) -> int:
@@ -177,8 +188,8 @@ class RemoteBuffer:
     @entries.setter
     def entries(self, value: int) -> None:
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-            raise InvalidValueError(f"remote buffer {self._remote_buffer_id}: entries must be an int >= 1, "
-                                    f"got {value!r}", where=context.user_source_line(),
+            raise InvalidValueError(f"Entries must be a non-zero, positive integer: remote buffer "
+                                    f"{self._remote_buffer_id} got {value!r}", where=context.user_source_line(),
                                     fix="give the number of tensors the buffer holds, e.g. entries=4")
         self._entries = int(value)
 
@@ -210,7 +221,7 @@ class RemoteBuffer:
             shape = (shard_size(math.prod(shape), num_shards),)
         if shape != self._tensor_shape or t.dtype != self._tensor_dtype:
             raise ShapeMismatchError(
-                f"tensor '{t.name}' ({shape} {dtype_name(t.dtype)}"
+                f"Tensor does not match buffer. Tensor '{t.name}' ({shape} {dtype_name(t.dtype)}"
                 f"{f', sharded over {num_shards}' if num_shards > 1 else ''}) does not match remote buffer "
                 f"{self._remote_buffer_id} ({self._tensor_shape} {dtype_name(self._tensor_dtype)})",
                 where=context.user_source_line(),
@@ -318,11 +329,10 @@ class _HostShaped(Variable):
 
     @property
     def shape_on_host(self) -> tuple[int, ...]:
-        """The host data's shape: the full tensor (``meta_shape`` when sharded), per group when several."""
+        """The host data's shape: the full tensor (``meta_shape`` when sharded), per group when several
+        (PopXL's, whatever the retrieval mode: ``get_tensor_data`` of an ``all_replicas`` variable
+        returns a row per replica)."""
         full = self.meta_shape or self.shape
-        record = self._record
-        if record.retrieval_mode == "all_replicas":
-            return (self.ir.replication_factor, *full)
         groups = self.replica_grouping.num_groups
         return (groups, *full) if groups > 1 else full
 
@@ -488,6 +498,10 @@ def remote_replica_sharded_variable(data: Any, remote_buffer: RemoteBuffer, offs
         shard_over = buffer.shard_over if buffer.shard_over is not None else _inferred_shard_over(buffer,
                                                                                                  replica_grouping)
     _, over = _sharding("remote_replica_sharded_variable", replica_grouping, shard_over)
+    if not buffer.meta_shape:  # PopXL records the full shape on the buffer, for ops.remote_load
+        array, _ = host_array(data, dtype, downcast, f"remote_replica_sharded_variable '{name or 'variable'}'")
+        grouped = replica_grouping is not None and replica_grouping.num_groups > 1
+        buffer.meta_shape = array.shape[1:] if grouped else array.shape
     return _new_remote_variable("remote_replica_sharded_variable", data, buffer, offset, dtype, name, downcast,
                                 replica_grouping, retrieval_mode, over)
 

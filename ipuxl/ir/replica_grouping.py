@@ -22,7 +22,7 @@ from functools import cached_property, reduce
 from math import gcd
 from typing import Sequence
 
-from ipuxl.errors import ReplicationError, UnsupportedError
+from ipuxl.errors import GraphContextError, ReplicationError, UnsupportedError
 
 __all__ = ["ReplicaGrouping"]
 
@@ -37,9 +37,14 @@ class ReplicaGrouping:
 
     Raises:
         ReplicationError: when the groups do not tile the replicas exactly.
+        GraphContextError: (a RuntimeError, as PopXL) called without a replication
+            factor, as ``popxl.ReplicaGrouping()``: groupings come from ``ir.replica_grouping``.
     """
 
-    def __init__(self, replication_factor: int, stride: int = 1, group_size: int | None = None):
+    def __init__(self, replication_factor: int | None = None, stride: int = 1, group_size: int | None = None):
+        if replication_factor is None:
+            raise GraphContextError("Cannot create a ReplicaGrouping directly: its replicas are those of an Ir",
+                                    fix="use ir.replica_grouping(stride, group_size)")
         if group_size is None:
             group_size = max(replication_factor // max(stride, 1), 1)
         for name, value in (("stride", stride), ("group_size", group_size)):
@@ -174,7 +179,7 @@ class ReplicaGrouping:
     def __repr__(self) -> str:
         if self.is_const:
             return (f"ReplicaGrouping(num_replicas={self.replication_factor}, stride={self._stride}, "
-                    f"group_size={self.group_size})")
+                    f"group_size={self.group_size}, num_groups={self.num_groups})")
         return f"ReplicaGrouping(assignment={self._assignment})"
 
 

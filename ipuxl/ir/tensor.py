@@ -104,8 +104,9 @@ class Tensor:
 
     @property
     def id(self) -> str:
-        """Graph-scoped id, PopXL style: ``graph_name/tensor_name``."""
-        return f"{self._graph.name}/{self.name}"
+        """PopXL's id: ``graph_name/tensor_name`` in a subgraph, the name in the main graph
+        (whose scope is empty in PopART)."""
+        return self.name if self._graph.is_main else f"{self._graph.name}/{self.name}"
 
     @property
     def _meta(self) -> torch.Tensor:
@@ -135,6 +136,37 @@ class Tensor:
         return self._graph.ir
 
     @property
+    def ipu(self) -> int:
+        """The IPU the tensor lives on (PopXL's): an op's value is on the IPU it was built on.
+
+        Raises:
+            UndefinedValue: the tensor has none: a variable or constant (placed where it is
+                read), a graph input, or a value built under ``popxl.ipu(None)``.
+        """
+        from ipuxl.ir.placement import ipu_of  # placement reads tensors: bind late
+
+        ipu = ipu_of(self._node)
+        if ipu is None:
+            raise UndefinedValue("Tensor's IPU is undefined.", where=user_source_line(),
+                                 fix="read the IPU of an op's result, or build the tensor under popxl.ipu(n)")
+        return ipu
+
+    @property
+    def tile_set(self) -> str:
+        """``"compute"`` or ``"io"``: the tile set of the op that made the tensor (PopXL's).
+
+        Raises:
+            UndefinedValue: the tensor is a variable, constant or graph input.
+        """
+        from ipuxl.ir.placement import tile_set_of  # placement reads tensors: bind late
+
+        tile_set = tile_set_of(self._node)
+        if tile_set is None:
+            raise UndefinedValue("Tensor's tile set is undefined.", where=user_source_line(),
+                                 fix="read the tile set of an op's result")
+        return tile_set
+
+    @property
     def scope(self) -> str:
         """The name of the graph the tensor belongs to (PopXL's graph scope of its id)."""
         return self._graph.name
@@ -161,7 +193,7 @@ class Tensor:
         return self.shape[0]
 
     def __repr__(self) -> str:
-        return f"Tensor[{self.id} {dtype_name(self.dtype)} {self.shape}]"
+        return f"Tensor[{self.id} {self.dtype!r} {self.shape}]"
 
     def __hash__(self) -> int:
         return id(self)
@@ -293,6 +325,19 @@ class Tensor:
     # -- methods ------------------------------------------------------------------
     def reshape(self, shape: Sequence[int]) -> "Tensor":
         return _ops().reshape(self, shape)
+
+    def diag(self) -> "Tensor":
+        """The main diagonal of a 2-D tensor, as ``torch.diag`` (PopXL's ``Tensor.diag``).
+
+        Raises:
+            InvalidValueError: (a ValueError, as PopXL) the tensor is not 2-D.
+        """
+        if self.rank != 2:
+            raise InvalidValueError(f"diag of tensor '{self.name}' {self.shape}: only 2-D tensors have a diagonal "
+                                    "here", where=user_source_line(), fix="reshape the tensor to 2-D first")
+        from ipuxl.ops.shape import diagonal  # ops build on this module: bind late
+
+        return diagonal(self)
 
     def flatten(self) -> "Tensor":
         return _ops().flatten(self)

@@ -16,6 +16,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ipuxl.dtypes import to_numpy_dtype
+from ipuxl.kernels import unsigned
 
 __all__ = [
     "accumulate_", "accumulate_square_", "running_mean_", "moving_average_", "moving_average_square_", "scale_",
@@ -34,7 +35,11 @@ def _f32(f: Any) -> Any:
 
 
 def accumulate_(t: torch.Tensor, x: torch.Tensor, f: Any) -> torch.Tensor:
-    """``t += x`` when ``f`` is None, else ``t += f * x``."""
+    """``t += x`` when ``f`` is None, else ``t += f * x`` (uint16/uint32, which torch's CPU
+    kernels cannot add, wrap modulo ``2**bits`` as the IPU's unsigned arithmetic)."""
+    if unsigned.is_widened(t.dtype) and not isinstance(t, FakeTensor):
+        wide = t.to(torch.int64)
+        return t.copy_(unsigned.add(t, accumulate_(wide, x.to(torch.int64), f) - t.to(torch.int64)))
     x = x.to(t.dtype)
     return t.add_(x) if f is None else t.add_(x, alpha=f) if _is_number(f) else t.add_(x * f)
 

@@ -222,6 +222,8 @@ def scaled_add_(X: Tensor, Y: Tensor, a: float | Tensor = 1.0, b: float | Tensor
     SGD update takes; both round exactly as eager ``w.add_(g, alpha=-lr)`` does.
     """
     check_same_shape("scaled_add_", X, Y)
+    if not (X.dtype.is_floating_point or X.dtype.is_complex):  # torch wants integer factors for integers
+        a, b = (int(f) if isinstance(f, float) and f.is_integer() else f for f in (a, b))
     if isinstance(a, (int, float)) and a == 1 and isinstance(b, (int, float)):
         return emit("scaled_add_", torch.Tensor.add_, (X, Y), {"alpha": b}, modifies=X)
     if isinstance(a, (int, float)) and a == 1:

@@ -57,7 +57,8 @@ def ipu_copy(t: Tensor, destination: int, source: int | None = None) -> Tensor:
         if lives_on is None:
             raise PlacementError(
                 f"Could not infer the ipu for Tensor to be copied '{t.name}': it has no producer "
-                "(a graph input, a constant or a variable built outside every ipu(n) context)",
+                "(a graph input, a constant or a variable built outside every ipu(n) context, or an op built "
+                "under popxl.ipu(None)). Please specify `source`",
                 where=context.user_source_line(), fix="specify `source` when copying: ops.ipu_copy(t, destination, source=...)")
         source = lives_on
     source = _check_ipu(source, "source")

@@ -16,14 +16,17 @@ import torch
 
 from ipuxl.dtypes import dtype_name, from_any
 from ipuxl.ir.build import emit
-from ipuxl.errors import InvalidArgumentError, ShapeMismatchError
+from ipuxl.errors import InvalidArgumentError, InvalidValueError, ShapeMismatchError
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.tensor import Tensor
 from ipuxl.kernels import random as kernels
 from ipuxl.kernels.random import modify_seed_impl, offset_seed_impl
 
 __all__ = ["dropout", "shaped_dropout", "random_uniform", "random_normal", "split_random_seed", "create_seeds", "modify_seed_impl",
-           "offset_seed_impl"]
+           "offset_seed_impl", "MAX_UINT64", "uint64_to_two_uint32", "two_uint32_to_uint64"]
+
+#: The largest seed value (PopXL's ``popxl.random_seed.MAX_UINT64``).
+MAX_UINT64 = 2**64 - 1
 
 
 def _check_seed(seed: Tensor) -> None:
@@ -94,3 +97,20 @@ def create_seeds(seed: int, offset: int = 0, batches_per_step: int = 1, gradient
     words = np.stack([values >> np.uint64(32), values & np.uint64(0xFFFFFFFF)], axis=-1).astype(np.uint32)
     shaped = words.reshape(batches_per_step, gradient_accumulation_factor, replicas, 2)
     return np.squeeze(shaped, axis=tuple(i for i, d in enumerate(shaped.shape[:-1]) if d == 1))
+
+
+def uint64_to_two_uint32(num: int) -> tuple[int, int]:
+    """Split a 64-bit seed into its (high, low) 32-bit words, the two elements of a seed tensor.
+
+    Raises:
+        InvalidValueError: (a ValueError, as PopXL) ``num`` is outside ``[0, MAX_UINT64]``.
+    """
+    if not 0 <= num <= MAX_UINT64:
+        raise InvalidValueError(f"{num} is not a 64-bit unsigned integer (0 to {MAX_UINT64})", where=user_source_line(),
+                                fix="use a seed in [0, popxl.random_seed.MAX_UINT64]")
+    return int(num) >> 32, int(num) & 0xFFFFFFFF
+
+
+def two_uint32_to_uint64(high: int, low: int) -> int:
+    """The 64-bit seed whose (high, low) 32-bit words are ``high`` and ``low``."""
+    return (int(high) << 32) | int(low)

@@ -127,13 +127,13 @@ def remote_code_load(graph: Graph, destination: Literal["executable", "compute_b
             ``"executable"`` (PopXL implements only that one).
     """
     current = context.gcg()
+    if graph is current:
+        raise InvalidValueError(f"The {remote_code_load.__name__} op cannot load the code of the graph it is in "
+                                f"('{graph.name}')", where=context.user_source_line(),
+                                fix="load the graph's code in its caller, before the call")
     if not isinstance(graph, Graph) or graph.ir is not current.ir or graph.is_main:
         raise InvalidArgumentError(f"remote_code_load needs a subgraph of this Ir, got {describe(graph)}",
                                    where=context.user_source_line(), fix="pass a graph made with ir.create_graph(...)")
-    if graph is current:
-        raise InvalidValueError(f"remote_code_load cannot load the code of the graph it is in ('{graph.name}')",
-                                where=context.user_source_line(),
-                                fix="load the graph's code in its caller, before the call")
     if destination != "executable":
         what = "is not supported (PopXL implements only 'executable')" if destination in CODE_LOCATIONS \
             else f"is not a code location (one of {', '.join(CODE_LOCATIONS)})"

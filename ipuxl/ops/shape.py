@@ -6,11 +6,12 @@ import math
 import operator
 from typing import Any, Iterable, Sequence
 
+import numpy as np
 import torch
 
 from ipuxl.ir.aliases import storage_owner
 from ipuxl.ir.build import emit
-from ipuxl.dtypes import from_any
+from ipuxl.dtypes import dtype_name, from_any
 from ipuxl.errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError
 from ipuxl.ir.context import gcg, user_source_line
 from ipuxl.ir.meta import MODIFIES, VIEW_OF
@@ -21,7 +22,7 @@ from ipuxl.ops.elementwise import where
 __all__ = [
     "reshape", "reshape_", "flatten", "flatten_", "transpose", "transpose_", "concat", "concat_", "split",
     "slice", "slice_", "squeeze", "unsqueeze", "subsample", "gather", "getitem", "cast", "detach", "detach_",
-    "onehot", "identity",
+    "onehot", "identity", "diagonal",
 ]
 
 
@@ -58,10 +59,14 @@ def _alias(op_name: str, target: Any, args: tuple[Any, ...], t: Tensor, *, name:
 
 def _check_shape(op_name: str, t: Tensor, shape: Sequence[int]) -> tuple[int, ...]:
     shape = tuple(int(d) for d in shape)
-    if any(d < -1 or d == 0 for d in shape) or shape.count(-1) > 1:
+    if any(d < -1 or d == 0 for d in shape):
         raise ShapeMismatchError(
-            f"op '{op_name}' of '{t.name}' {t.shape}: invalid target shape {shape} (each size must be > 0 "
-            "or -1, with at most one -1)", where=user_source_line(), fix="use positive sizes and at most one -1")
+            f"Invalid shape value in reshape. Must be '>0' or '-1'. Provided {shape} (op '{op_name}' of "
+            f"'{t.name}' {t.shape})", where=user_source_line(), fix="use positive sizes and at most one -1")
+    if shape.count(-1) > 1:
+        raise ShapeMismatchError(
+            f"Reshape shape can contain at most one '-1' value. Provided {shape} (op '{op_name}' of "
+            f"'{t.name}' {t.shape})", where=user_source_line(), fix="use positive sizes and at most one -1")
     known = math.prod(d for d in shape if d != -1)
     if (-1 in shape and t.nelms % known) or (-1 not in shape and known != t.nelms):
         raise ShapeMismatchError(
@@ -260,9 +265,15 @@ def gather(t: Tensor, indices: Tensor, axis: int = 0, available_memory_proportio
 
 def getitem(t: Tensor, key: Any) -> Tensor:
     """PopXL's ``Tensor.__getitem__``: ints/slices slice, int tensors gather, bool tensors mask."""
+    if isinstance(key, (np.ndarray, torch.Tensor, list)) and not isinstance(key, Tensor):
+        key = _host_index(t, key)  # host arrays and sequences: a constant index tensor (PopXL's)
     if isinstance(key, Tensor):
         if key.dtype == torch.bool:
             return where(key, t, 0)
+        if key.dtype.is_floating_point:
+            raise InvalidArgumentError(
+                f"cannot index tensor '{t.name}' with the {dtype_name(key.dtype)} tensor '{key.name}'",
+                where=user_source_line(), fix="index with an integer tensor (gather) or a boolean tensor (mask)")
         return gather(t, key)
     keys = key if isinstance(key, tuple) else (key,)
     if not all(isinstance(k, (int, builtins.slice)) and not isinstance(k, bool) for k in keys):
@@ -276,6 +287,21 @@ def getitem(t: Tensor, key: Any) -> Tensor:
                        [k.step if isinstance(k, builtins.slice) else 1 for k in keys])
         return squeeze(sliced, [i for i, k in enumerate(keys) if isinstance(k, int)])
     return emit("slice", operator.getitem, (t, keys))
+
+
+def _host_index(t: Tensor, key: Any) -> Tensor:
+    from ipuxl.ir.graph_builder import constant  # graph_builder imports ops' modules: bind late
+
+    try:
+        return constant(key)
+    except (TypeError, ValueError) as error:
+        raise InvalidArgumentError(f"cannot index tensor '{t.name}' with {key!r}: {error}", where=user_source_line(),
+                                   fix="use integers, slices (`:`), integer tensors or boolean tensors") from error
+
+
+def diagonal(t: Tensor) -> Tensor:
+    """The main diagonal of a 2-D ``t`` (``Tensor.diag``), a new tensor of ``min(t.shape)`` elements."""
+    return emit("diag", torch.diag, (t,))
 
 
 def cast(t: Tensor, data_type: torch.dtype) -> Tensor:

@@ -105,7 +105,10 @@ def autodiff(graph: Graph, grads_provided: Iterable[Tensor] | None = None,
             floating-point outputs).
         grads_required: inputs whose gradients the grad graph returns (default: all
             floating-point inputs).
-        called_graphs_grad_info: accepted for compatibility and not used: each graph
+        called_graphs_grad_info: ``{called graph: its GradGraphInfo}``. A graph marked
+            unsafe to differentiate recursively (``Graph.can_be_recursively_autodiffed``
+            False: a popxl.addons Module's ``build_grad`` graph) must be listed when
+            ``graph`` calls it, as PopART requires. Otherwise not used: each graph
             ``graph`` calls is differentiated once by this call, in place (it gains
             outputs for its saved activations), and its calls stay calls in the
             forward and grad graphs (see the module docstring); loop bodies and graphs
@@ -124,10 +127,13 @@ def autodiff(graph: Graph, grads_provided: Iterable[Tensor] | None = None,
             ``remote_load_``, ``remote_store``, ``remote_code_load``: no gradient), or
             there is nothing to differentiate: no floating-point output (of the graph,
             or in ``grads_provided``) or, with the default ``grads_required``, no
-            floating-point input. Checked before anything is traced.
+            floating-point input; or ``graph`` calls a graph marked unsafe to
+            differentiate recursively that ``called_graphs_grad_info`` lacks. Checked
+            before anything is traced.
     """
     _refuse_collectives(graph)
     _refuse_remote_ops(graph)
+    _refuse_unsafe_calls(graph, called_graphs_grad_info or {})
     provided = list(grads_provided) if grads_provided is not None else None
     required = list(grads_required) if grads_required is not None else None
     info = differentiate(graph, provided, required)
@@ -387,3 +393,14 @@ def _trace_joint(graph: Graph, provided: list[Tensor], required: list[Tensor],
 
 def _index(tensors: Sequence[Tensor], t: Tensor) -> int:
     return next(i for i, m in enumerate(tensors) if m is t)
+
+
+def _refuse_unsafe_calls(graph: Graph, called_graphs_grad_info: Mapping[Graph, GradGraphInfo]) -> None:
+    """Refuse to differentiate through a called graph marked unsafe to autodiff recursively."""
+    for called in reachable_from([graph])[1:]:
+        if not called.can_be_recursively_autodiffed and called not in called_graphs_grad_info:
+            raise AutodiffError(
+                f"graph '{graph.name}' calls graph '{called.name}', which is marked as unsafe to autodiff "
+                "recursively (its gradient is written by hand): autodiff cannot differentiate through it",
+                where=user_source_line(),
+                fix="pass its gradient graph in called_graphs_grad_info={called_graph: grad_graph_info}")

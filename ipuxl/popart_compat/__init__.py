@@ -8,9 +8,10 @@ reimplementation, and importing it raises ``CompatImportError`` (a ModuleNotFoun
 """
 from __future__ import annotations
 
+from ipuxl.errors import PopartException as popart_exception  # noqa: N813 - PopART's name
 from ipuxl.ir.popart_options import SessionOptions
 
-__all__ = ["versionString", "versionNumber", "SessionOptions", "__version__"]
+__all__ = ["versionString", "versionNumber", "SessionOptions", "__version__", "popart_exception"]
 
 #: The PopART release whose PopXL API ipuxl reproduces (Poplar SDK 3.3).
 __version__ = "3.3.0"

@@ -282,3 +282,17 @@ def test_seed002_dot_tree_example():
         names, tensors = nt_from_lists.unpack()
         assert list(names) == ["new_bias_name", "new_weight_name"]
         assert list(tensors) == [variables.bias, variables.weight]
+
+
+def test_filter_keys_keeps_named_leaves_and_subtrees():
+    tree = DotTree.from_dict({"a.x": 1, "a.y": 2, "b": 3, "c.z": 4})
+    kept = tree.filter_keys(["a", "b"])
+    assert kept.to_dict() == {"a.x": 1, "a.y": 2, "b": 3}
+    assert tree.filter_keys(["c.z"]).to_dict() == {"c.z": 4}
+
+
+def test_clear_removes_leaves_but_keeps_subtree_objects():
+    tree = DotTree.from_dict({"a.x": 1, "b": 3})
+    sub = tree.a
+    tree._clear()
+    assert tree.to_dict() == {} and tree.a is sub

@@ -77,6 +77,61 @@ def test_op_files_resolve_to_the_module_defining_the_op_and_keep_the_op(installe
     assert callable(ipuxl.ops.gelu) and not isinstance(ipuxl.ops.gelu, type(np))
 
 
+def _ipuxl_namespaces() -> dict[str, dict[str, int]]:
+    return {name: {k: id(v) for k, v in vars(module).items()}
+            for name, module in list(sys.modules.items()) if name == "ipuxl" or name.startswith("ipuxl.")}
+
+
+def _submodule_aliases() -> list[str]:
+    """Every upstream path under ``popxl.ops``, ``popxl``, ``popxl_addons`` (and their packages) ipuxl maps."""
+    import pkgutil
+
+    names = [f"popxl.ops.{f}" for f in table.OP_FILES] + [n for t in table.TABLES for n in t if t[n]]
+    for alias, package in (("popxl", "ipuxl"), ("popxl_addons", "ipuxl.addons_compat")):
+        root = importlib.import_module(package)
+        names += [alias + info.name[len(package):] for info in pkgutil.walk_packages(root.__path__, package + ".")
+                  if ".compat" not in info.name and "poptorch_compat" not in info.name]
+    return sorted(set(names))
+
+
+def test_importing_any_upstream_submodule_never_rebinds_a_name_of_an_ipuxl_module(installed):
+    # ``popxl.ops.call`` (a module upstream) has the same name as the op ``ipuxl.ops.call``:
+    # the import system would set the loaded module on the parent, which *is* ipuxl.ops
+    import popxl.ops as ops
+
+    before = _ipuxl_namespaces()
+    imported = []
+    for alias in _submodule_aliases():
+        try:
+            importlib.import_module(alias)
+        except ImportError:
+            continue  # upstream's modules ipuxl lacks are tested below
+        imported.append(alias)
+    after = _ipuxl_namespaces()
+    changed = sorted(f"{m}.{k}" for m, names in before.items() for k, v in names.items() if after[m].get(k) != v)
+    assert changed == [] and {"popxl.ops.call", "popxl.ops.conv", "popxl_addons.transforms.autodiff"} <= set(imported)
+    for op in ("call", "conditional", "conv", "ipu_copy"):
+        assert callable(getattr(ops, op)) and not isinstance(getattr(ops, op), type(np)), op
+
+
+def test_the_popxl_mnist_programs_callsiteinfo_import_keeps_ops_call(installed):
+    import popxl
+    import popxl.ops as ops
+    from popxl.ops.call import CallSiteInfo  # PopXL's MNIST user-guide program does this
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.arange(3, dtype=np.float32), name="x")
+        graph = ir.create_graph(lambda t: t * 2, x.spec)
+        y, = ops.call(graph, x)
+        info = ops.call_with_info(graph, x)
+        y_stream = popxl.d2h_stream(y.shape, popxl.float32, "y")
+        ops.host_store(y_stream, y)
+    assert isinstance(info, CallSiteInfo)
+    with popxl.Session(ir, "ipu_model") as session:
+        assert_close(torch.from_numpy(session.run()[y_stream]), torch.arange(3.0) * 2)
+
+
 def test_a_renamed_module_reads_as_an_attribute_and_is_removed_by_uninstall():
     compat.install()
     import popxl.context as context

@@ -89,8 +89,13 @@ def test_remote_code_load_errors():
     ir = ipuxl.Ir()
     with ir.main_graph:
         graph = ir.create_graph(lambda t: t + 1.0, ipuxl.TensorSpec((2,), F32))
+        with pytest.raises(InvalidValueError, match="The remote_code_load op cannot load the code"):
+            ops.remote_code_load(ir.main_graph, "executable")  # the graph being built, as PopXL
+    other = ipuxl.Ir()
+    with other.main_graph:
         with pytest.raises(InvalidArgumentError, match="needs a subgraph of this Ir"):
             ops.remote_code_load(ir.main_graph, "executable")
+    with ir.main_graph:
         # PopXL implements only "executable": the others (and unknown names) are NotImplementedErrors
         with pytest.raises(UnsupportedError, match="'io_buffer' is not supported") as info:
             ops.remote_code_load(graph, "io_buffer")

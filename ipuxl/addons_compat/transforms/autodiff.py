@@ -26,7 +26,7 @@ from ipuxl.ir.graph_builder import constant
 from ipuxl.ir.tensor import Tensor
 from ipuxl.ops import var_updates
 
-__all__ = ["autodiff", "autodiff_with_accumulation"]
+__all__ = ["autodiff", "autodiff_with_accumulation", "transform_autodiff"]
 
 
 def _autodiff_with_patterns(graph: Graph, grads_provided: Iterable[Tensor] | None = None,
@@ -54,6 +54,14 @@ def autodiff(graph: GraphWithNamedArgs, grads_provided: Iterable[Tensor] | None 
     module = graph.from_module
     if module is not None and module.implements_grad_graph:
         return module.create_grad_graph(graph, grads_provided, grads_required)
+    return transform_autodiff(graph, grads_provided, grads_required,
+                              {**graph.called_graphs_grad_info, **(called_graphs_grad_info or {})})
+
+
+def transform_autodiff(graph: GraphWithNamedArgs, grads_provided: Iterable[Tensor] | None,
+                       grads_required: Iterable[Tensor] | None,
+                       called_graphs_grad_info: Mapping[Graph, GradGraphInfo]) -> GraphWithNamedArgs:
+    """The autodiff transform's gradient graph of ``graph`` (never its module's ``build_grad``)."""
     info = _autodiff_with_patterns(graph.graph, grads_provided, grads_required, called_graphs_grad_info)
     return GraphWithNamedArgs.from_grad_graph(info)
 
