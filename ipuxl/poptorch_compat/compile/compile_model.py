@@ -39,6 +39,7 @@ from ipuxl.poptorch_compat.options import Options
 from ipuxl.poptorch_compat.compile.precision import precision_rules
 from ipuxl.poptorch_compat.compile.program import Gradients, Program, StartValues, build_program
 from ipuxl.poptorch_compat.compile.translate import ParamPlan
+from ipuxl.poptorch_compat.session_options import log_session_options, session_options
 from ipuxl.progress import stage
 from ipuxl.transforms import autodiff
 
@@ -60,6 +61,7 @@ def compile_model(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], *
         OptionsError: the blocks do not fit the execution strategy (``placement.Placement.finish``).
         ExecutorError: a pipeline with too few micro-batches for its stages (``placement.check_depth``).
     """
+    log_session_options(session_options(options))  # as upstream's backend, when it reads the options
     with stage("capture"), placement(options.execution_strategy) as placed:  # each op's stage and IPU (``placement``)
         traced = capture(model, args, kwargs, training=training, outline=options.auto_outline,
                          precision=precision_rules(options))
