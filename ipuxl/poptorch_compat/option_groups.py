@@ -464,7 +464,7 @@ class TensorLocationOptions(OptionGroup):
 class DistributedOptions(OptionGroup):
     """``opts.Distributed``: which of several host processes this one is (upstream's
     ``_DistributedOptions``). Honoured: ``ipuxl.DataLoader`` reads this process's shard
-    and each process runs ``replicationFactor / numProcesses`` replicas.
+    and each process runs ``replicationFactor`` replicas (as upstream).
 
     Until ``configureProcessId`` (or ``setEnvVarNames`` / ``disable``) is called, the
     values come from torchrun's ``RANK`` and ``WORLD_SIZE`` environment variables, read

@@ -193,7 +193,7 @@ def _unknown(request: AnchorRequest, valid: list[str], training: bool) -> Anchor
 def gather_anchors(streams: AnchorStreams, options: Options, results: dict[Any, np.ndarray]) -> dict[str, torch.Tensor]:
     """Each anchor's values of the call, reduced per its output mode (see the module
     docstring); under torchrun, those of this process's replicas, as outputs are."""
-    n, replicas = options.device_iterations, options.replication_factor
+    n, replicas = options.device_iterations, options.total_replicas()
     first, last = local_replica_range(options)
     found: dict[str, torch.Tensor] = {}
     for a in streams.anchors:

@@ -105,7 +105,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], *, trai
 def import_forward(traced: TracedModule, options: Options) -> Graph:
     """Step 2: a new ``Ir`` (replicas; one host transfer per device iteration, as the
     device loop loads once per iteration) holding the trace as its forward subgraph."""
-    ir = Ir(replication=options.replication_factor)
+    ir = Ir(replication=options.total_replicas())
     ir.num_host_transfers = options.device_iterations
     return graph_from_trace(ir, traced)
 

@@ -139,7 +139,7 @@ class PoplarExecutor(CompiledModel):
     @rng_state.setter
     def rng_state(self, state: Sequence[int]) -> None:
         self._compiled_for("set rng_state")
-        replicas = self.options.replication_factor
+        replicas = self.options.total_replicas()
         words = np.asarray(list(state), np.int64)
         if words.size == 2:
             words = words if replicas == 1 else per_replica_seeds(words, replicas)
