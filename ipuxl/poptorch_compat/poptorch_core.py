@@ -24,6 +24,8 @@ PopTorch's own tests reach into it for a few names, which ipuxl provides here:
   PopTorch's tests' helpers call (torch's own pass).
 * ``ipuHardwareVersion(numIpus=1)``: as ``poptorch.ipuHardwareVersion`` (raises:
   there is no IPU hardware).
+* ``_getPopartIR(model)``: a compiled model's IR dump (``compile.popart_ir``: the ops
+  ipuxl runs under PopART's op types; there is no PopART IR).
 
 Everything else in upstream's extension (the PopART compiler, executables, the
 dispatcher's internals) has no counterpart: an attribute ipuxl does not provide raises
@@ -138,6 +140,12 @@ def propagateInputShapes(graph: torch._C.Graph) -> None:  # noqa: N802 - PopTorc
     """Propagate the input types set on a TorchScript ``graph`` (``Value.inferTypeFrom``)
     through its nodes, with torch's shape-propagation pass."""
     torch._C._jit_pass_propagate_shapes_on_graph(graph)
+
+
+def _getPopartIR(executable: Any) -> str:  # noqa: N802 - PopTorch's (private) name
+    """The IR dump of a compiled ``PoplarExecutor`` (``PoplarExecutor._debugGetPopartIR``:
+    the ops ipuxl runs under PopART's op types; see ``compile.popart_ir``)."""
+    return str(executable._debugGetPopartIR())
 
 
 def __getattr__(name: str) -> Any:

@@ -32,7 +32,7 @@ import torch
 from ipuxl.poptorch_compat.compile.optimizer_log import popart_tensor_name
 from ipuxl.poptorch_compat.compile.translate import ParamPlan
 
-__all__ = ["STATE_PREFIXES", "ipu_state", "ipu_param", "states_from_ipu_state", "plans_from_ipu_param"]
+__all__ = ["STATE_PREFIXES", "state_name", "ipu_state", "ipu_param", "states_from_ipu_state", "plans_from_ipu_param"]
 
 #: the rules' state -> PopART's prefix, per rule (SGD's ``step`` is ipuxl's first-step flag: none upstream)
 STATE_PREFIXES: dict[str, dict[str, str]] = {
@@ -54,14 +54,21 @@ def _is_sgd0(plan: ParamPlan) -> bool:
     return plan.rule == "sgd" and plan.hypers.get("momentum", 0.0) == 0.0 and "momentum" not in plan.variable
 
 
+def state_name(key: tuple[str, str], plans: list[ParamPlan]) -> str | None:
+    """PopART's name of the state ``(param, state)`` of the rules, or None (no counterpart)."""
+    param, state = key
+    rule = next((plan.rule for plan in plans if plan.name == param), "")
+    prefix = STATE_PREFIXES.get(rule, {}).get(state)
+    return None if prefix is None else prefix + popart_tensor_name(param)
+
+
 def ipu_state(device_states: Mapping[tuple[str, str], np.ndarray], plans: list[ParamPlan]) -> dict[str, torch.Tensor]:
     """``ipu_state`` from the device's states ``{(param, state): array}``."""
-    rules = {plan.name: plan.rule for plan in plans}
     out: dict[str, torch.Tensor] = {}
-    for (param, state), value in device_states.items():
-        prefix = STATE_PREFIXES.get(rules.get(param, ""), {}).get(state)
-        if prefix is not None:
-            out[prefix + popart_tensor_name(param)] = torch.from_numpy(np.array(value))
+    for key, value in device_states.items():
+        name = state_name(key, plans)
+        if name is not None:
+            out[name] = torch.from_numpy(np.array(value))
     return out
 
 
