@@ -77,7 +77,12 @@ class IpuOptimizerState:
         cpp_logger.debug("Writing optimiser state tensors from IPU to host.")
         params = ipu_param(model._sync.plans)
         params.update({k: v for k, v in self._loaded_params.items() if k in params})
-        self._cache = {"ipu_state": ipu_state(model._sync.device_states(), model._sync.plans), "ipu_param": params}
+        states = ipu_state(model._sync.device_states(), model._sync.plans)
+        if model.options.toDict().get("automaticLossScalingSettings.enabled", False):
+            # PopART's factor of the loss scaling's next update: automatic loss scaling has no
+            # effect on ipuxl (see Training.setAutomaticLossScaling), so the scale keeps its value
+            states["lossScaleUpdateFactor"] = torch.tensor(1.0)
+        self._cache = {"ipu_state": states, "ipu_param": params}
         self._device_newer = False
         return self._cache
 
