@@ -87,8 +87,8 @@ class AnchorPlan:
         valid = anchorable_names(paths, trained, training)
         for request in self.requests:
             if training and request.long_name in SCALARS:
-                made = (d2h_stream((), torch.float32, f"anchor.{request.short_name}"),)
-                streams.anchors.append(_Anchor(request, SCALARS[request.long_name], "", made))
+                scalar = d2h_stream((), torch.float32, f"anchor.{request.short_name}")
+                streams.anchors.append(_Anchor(request, SCALARS[request.long_name], "", (scalar,)))
                 continue
             long_name = _canonical(request.long_name, paths)
             if long_name not in valid:
