@@ -51,7 +51,7 @@ from typing import Any, Literal
 
 import torch
 
-from ipuxl.errors import ConfigFileError, InvalidArgumentError, OptionsError
+from ipuxl.errors import ConfigFileError, InferenceOptionsError, InvalidArgumentError, OptionsError
 from ipuxl.ir.context import user_source_line
 from ipuxl.poptorch_compat.enums import CommGroupType, ConnectionType, SyncPattern
 from ipuxl.poptorch_compat.option_groups import (
@@ -517,9 +517,10 @@ class Options(RecordedOptions):
         training = self._training_flag(training, "combined_batch_factor")
         accumulation = self._training.gradient_accumulation
         if not training and accumulation != 1:
-            raise OptionsError(
-                f"Options.Training.gradientAccumulation is {accumulation} but an inference model needs 1 "
-                "(gradient accumulation only applies to training)",
+            raise InferenceOptionsError(
+                "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its default value "
+                f"(1) when running a poptorch.inferenceModel() (it is {accumulation}: gradient accumulation only "
+                "applies to training).",
                 where=user_source_line(),
                 fix="use options with opts.Training.gradientAccumulation(1) for inference (for example "
                     "`infer_opts = opts.clone(); infer_opts.Training.gradientAccumulation(1)`); use "

@@ -254,7 +254,8 @@ def gather_outputs(options: Options, training: bool, program: Program, results: 
         per_output.append(seq.reshape(n * len(streams), seq.shape[2], *streams[0].shape))
     mode = options.resolved_output_mode(training)
     flat = [device_dtype(t) for t in reduce_outputs(per_output, mode, options.output_return_period)]
-    return pytree.tree_unflatten(flat, program.traced.out_spec)
+    outputs = pytree.tree_unflatten(flat, program.traced.out_spec)
+    return None if isinstance(outputs, tuple) and not outputs else outputs  # no outputs: None, as PopTorch
 
 
 def device_dtype(output: torch.Tensor) -> torch.Tensor:

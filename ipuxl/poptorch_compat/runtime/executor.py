@@ -92,7 +92,15 @@ class PoplarExecutor(CompiledModel):
         return latency(self.getPerfCounters(), "input", min, "output_complete", max)
 
     def cycleCount(self) -> int:  # noqa: N802
-        """PopTorch's IPU cycle count: not available, the simulated device has no cycle counter."""
+        """PopTorch's IPU cycle count: not available, the simulated device has no cycle counter.
+
+        Raises:
+            ExecutorError: always; without ``Options.logCycleCount(True)`` with upstream's
+                message ("Cycle count logging is disabled...").
+        """
+        if not self.options.toDict().get("instrumentWithHardwareCycleCounter", False):
+            raise ExecutorError("Cycle count logging is disabled. Please set option logCycleCount to True to enable.",
+                                where=user_source_line(), fix="call opts.logCycleCount(True) (as upstream requires)")
         raise ExecutorError("cycleCount(): the simulated IPU has no hardware cycle counter", where=user_source_line(),
                             fix="time calls with getPerfCounters() or getLatency() instead")
 
