@@ -46,6 +46,7 @@ from ipuxl.poptorch_compat.session_options import parse_session_options
 from ipuxl.poptorch_compat.poptorch_logging import cpp_logger
 
 __all__ = ["Error", "RecoverableError", "UnrecoverableError", "TestErrorType", "isCompilingWithDispatcher",
+           "createPoptorchError",
            "setLogLevel", "propagateInputShapes", "ipuHardwareVersion"]
 
 #: ``poptorch_core.Error`` is ``poptorch.Error``: every PopTorch error
@@ -117,6 +118,14 @@ def _validateOptions(options: dict[str, Any]) -> None:  # noqa: N802 - PopTorch'
     """
     for line in parse_session_options(dict(options)):
         cpp_logger.debug(line)
+
+
+def createPoptorchError(msg: str) -> PoptorchError:  # noqa: N802 - PopTorch's name
+    """A ``poptorch.Error`` of type ``poptorch_py_error`` with message ``msg`` (upstream's
+    helper for errors raised from Python)."""
+    error = PoptorchError(f"'poptorch_py_error': {msg}")
+    error.message = msg
+    return error
 
 
 def isCompilingWithDispatcher() -> bool:  # noqa: N802 - PopTorch's name
