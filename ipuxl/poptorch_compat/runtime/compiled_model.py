@@ -73,21 +73,6 @@ _LIVE: "weakref.WeakSet[CompiledModel]" = weakref.WeakSet()
 _LOG = logging.getLogger("poptorch::python")
 
 
-def _backward_error(*args: Any, **kwargs: Any) -> None:
-    raise ExecutorError("backward() cannot be called explicitly on outputs of a PopTorch model. If you're using a "
-                        "trainingModel, the backwards pass is performed automatically when invoking the model. If "
-                        "you're using an inferenceModel, you should use a trainingModel instead.",
-                        where=user_source_line())
-
-
-def _refuse_backward(outputs: Any) -> None:
-    """Make ``backward()`` on each output tensor raise upstream's error: the device
-    already ran the backward pass (training), or has none (inference)."""
-    for leaf in pytree.tree_leaves(outputs):
-        if isinstance(leaf, torch.Tensor):
-            leaf.backward = _backward_error  # type: ignore[method-assign]
-
-
 def _warn_inputs_requiring_grad(call: tuple[tuple, dict[str, Any]]) -> None:
     """Upstream's warning, once per input tensor of a compiled call, for an input that
     requires grad: the device program takes its value only (no gradient flows back to it)."""
@@ -203,7 +188,6 @@ class CompiledModel:
             self._anchored = gather_anchors(program.anchors, self.options, results)
         self._times = CallTimes(started, staged, ran, time.perf_counter(), len(program.inputs),
                                 len(program.outputs), self.options.device_iterations)
-        _refuse_backward(outputs)
         return outputs
 
     def profile(self, *args: Any, runs: int = 3, warmup: int = 1, top: int = 20,
