@@ -50,6 +50,7 @@ __all__ = [
     "UnrecoverableError",
     "NoIpuHardwareError",
     "ConfigFileError",
+    "InferenceOptionsError",
     "ExecutorError",
     "OfflineDeviceError",
     "AnchorError",
@@ -311,6 +312,11 @@ class ReplicationError(IpuxlError, ValueError):
 class OptionsError(IpuxlError, ValueError, AssertionError):
     """A PopTorch-style ``Options`` value is invalid (PopTorch raises a ValueError for some
     setters and fails an assert, an AssertionError, for others: this is both)."""
+
+
+class InferenceOptionsError(OptionsError, PoptorchError):
+    """Options an inference model cannot run with (``Training.gradientAccumulation`` other
+    than 1): PopTorch raises ``poptorch.Error`` there; this is also an ``OptionsError``."""
 
 
 class ConfigFileError(OptionsError):

@@ -45,6 +45,8 @@ UPPER = ("ipuxl.capture", "ipuxl.passes", "ipuxl.device", "ipuxl.transforms", *F
 
 # Private attributes of torch and Python that ipuxl reads on purpose (no public API exists).
 FOREIGN_PRIVATES = {
+    "_jit_pass_propagate_shapes_on_graph",  # torch's TorchScript pass (poptorch_core.propagateInputShapes)
+    "_debugGetPopartIR",  # PopTorch's own private API, which its users call (poptorch_core._getPopartIR)
     "_standard_gamma", "_standard_gamma_grad", "_sample_dirichlet", "_dirichlet_grad",  # torch.distributions' samplers
     "_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
     "_backward_pre_hooks", "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",

@@ -15,7 +15,12 @@ torch loss function (``F.cross_entropy``, ``nn.MSELoss``...) or marked with
 with ``downcast_to_half`` (``HalfFloatCastingBehavior.FloatDowncastToHalf``) an op
 whose floating-point operands mix float16 and float32 gets its float32 operands cast
 to float16 (the tensor an in-place op writes, and batch norm's running statistics,
-keep their dtype); otherwise PyTorch's promotion rules apply.
+keep their dtype); with ``upcast_to_float`` (``HalfUpcastToFloat``, PopTorch 3's
+default) the float16 operands are cast to float32 instead, as PyTorch's promotion
+rules give for elementwise ops, for every op: a float16 model's matmul or
+convolution then takes float32 activations (where eager PyTorch refuses the mix), as
+PopTorch's dispatcher does. Operands of no dimensions take no part in the decision
+(``a_float16 * torch.tensor(2.0)`` stays float16, as eager).
 """
 from __future__ import annotations
 
@@ -61,12 +66,14 @@ class Precision:
 
     Attributes:
         downcast_to_half: cast float32 operands of ops mixing float16 and float32 to float16.
+        upcast_to_float: cast float16 operands of ops mixing float16 and float32 to float32.
         float_statistics: batch norm running statistics of float16 modules are traced
             (and kept on the device) in float32 (``runningStatisticsAlwaysFloat``).
     """
 
     downcast_to_half: bool = False
     float_statistics: bool = False
+    upcast_to_float: bool = False
 
 
 class CaptureMode(DropoutMode):
@@ -102,7 +109,7 @@ class CaptureMode(DropoutMode):
         return out
 
     def _dispatch(self, func: Callable, args: tuple, kwargs: dict) -> Any:
-        if self.precision.downcast_to_half:
+        if self.precision.downcast_to_half or self.precision.upcast_to_float:
             args, kwargs = self.downcast(func, args, kwargs)
         grads = self.grads
         if grads is None:
@@ -119,22 +126,31 @@ class CaptureMode(DropoutMode):
 
     def downcast(self, func: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """``func``'s operands with float32 tensors cast to float16 when they mix with
-        float16 ones (``HalfFloatCastingBehavior.FloatDowncastToHalf``); a cast operand
-        keeps its autograd state, so gradients reach float32 parameters."""
-        leaves = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
-        if func in _CONVERSIONS or not {torch.float16, torch.float32} <= {v.dtype for v in leaves}:
+        float16 ones (``HalfFloatCastingBehavior.FloatDowncastToHalf``), or float16 ones
+        to float32 (``upcast_to_float``); a cast operand keeps its autograd state, so
+        gradients reach the parameters in their own dtype."""
+        if func in _CONVERSIONS:
             return args, kwargs
         kept = {id(args[0])} if args and is_inplace(func) else set()
         if func in _RUNNING_STATISTICS:
             kept |= {id(v) for v in (*args[1:3], kwargs.get("running_mean"), kwargs.get("running_var"))}
+        leaves = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor) and id(v) not in kept]
+        if self.precision.upcast_to_float:
+            leaves = [v for v in leaves if v.dim() > 0]
+        if not {torch.float16, torch.float32} <= {v.dtype for v in leaves}:
+            return args, kwargs
+        source, target = ((torch.float16, torch.float32) if self.precision.upcast_to_float
+                          else (torch.float32, torch.float16))
 
         def cast(value: Any) -> Any:
-            if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or id(value) in kept:
+            if not isinstance(value, torch.Tensor) or value.dtype != source or id(value) in kept:
                 return value
-            half = value.to(torch.float16)
+            if self.precision.upcast_to_float and value.dim() == 0:
+                return value
+            converted = value.to(target)
             if self.grads is not None:
-                self.grads.state[half] = self.grads.flags(value)
-            return half
+                self.grads.state[converted] = self.grads.flags(value)
+            return converted
 
         return pytree.tree_map(cast, (args, kwargs))
 

@@ -272,7 +272,8 @@ def _functional_forward(module: torch.nn.Module, call: FlatCall, params: dict[st
         with grad_mode, capturing(mode), outlined_blocks(candidates, blocks):
             out = torch.func.functional_call(module, {**dict(zip(p_names, p_vals)), **dict(zip(b_names, b_vals))},
                                              call_args, call_kwargs, tie_weights=True, strict=False)
-        flat, record.out_spec = pytree.tree_flatten(flatten_objects(out))
+        # a forward that returns nothing (it only updates its inputs in place) has no outputs
+        flat, record.out_spec = pytree.tree_flatten(flatten_objects(() if out is None else out))
         bad = [type(v).__name__ for v in flat if not isinstance(v, torch.Tensor)]
         if bad:
             raise TraceError(f"{name}.forward returned non-tensor values ({', '.join(bad)})",

@@ -141,7 +141,7 @@ POPTORCH: dict[str, str | None] = {
     "poptorch.experimental": None,
     "poptorch.profiling": None,
     "poptorch.testing": None,
-    "poptorch.poptorch_core": None,
+    "poptorch.poptorch_core": "ipuxl.poptorch_compat.poptorch_core",
 }
 
 POPDIST: dict[str, str | None] = {

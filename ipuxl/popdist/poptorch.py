@@ -6,8 +6,7 @@ from typing import Any
 from ipuxl.errors import PopdistError
 from ipuxl.ir.context import user_source_line
 from ipuxl.popdist import (
-    checkNumIpusPerReplica, getInstanceIndex, getNumInstances, getNumIpusPerReplica,
-    getNumTotalReplicas,
+    checkNumIpusPerReplica, getInstanceIndex, getNumInstances, getNumIpusPerReplica, getNumLocalReplicas,
 )
 from ipuxl.popdist.launch import require_launch
 from ipuxl.poptorch_compat.options import Options as _PoptorchOptions
@@ -23,9 +22,6 @@ class Options(_PoptorchOptions):
         ipus_per_replica: the IPUs each replica uses (default: ``popdist.getNumIpusPerReplica()``).
         **kwargs: passed to ``poptorch.Options``.
 
-    Difference from upstream: ipuxl's ``replicationFactor`` counts the replicas of the
-    whole program (each of the P processes runs ``replicationFactor / P`` of them), so it
-    is set to ``popdist.getNumTotalReplicas()`` where upstream sets the local count.
 
     Raises:
         PopdistError: (a RuntimeError) not launched as several instances, or
@@ -40,5 +36,5 @@ class Options(_PoptorchOptions):
             raise PopdistError(f"popdist.poptorch.Options: ipus_per_replica={ipus} but the launch gives each replica "
                                f"{getNumIpusPerReplica()} IPU(s)", where=user_source_line(),
                                fix="pass the launch's IPUs per replica, or omit ipus_per_replica")
-        self.replicationFactor(getNumTotalReplicas())
+        self.replicationFactor(getNumLocalReplicas())
         self.Distributed.configureProcessId(getInstanceIndex(), getNumInstances())

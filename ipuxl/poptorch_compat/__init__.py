@@ -14,7 +14,9 @@ PopTorch's namespace (the modules ``poptorch.X`` maps to, and the user's API):
 * ``dataloader``, ``accessor``, ``custom_args``: ``DataLoader``, ``AsynchronousDataAccessor``,
   ``ICustomArgParser``;
 * ``blocks``: ``Block``, ``BeginBlock``, ``Stage`` and the execution strategies;
-* ``poptorch_logging`` (``poptorch.logging``), ``hardware``.
+* ``poptorch_logging`` (``poptorch.logging``), ``hardware``, ``poptorch_core`` (the
+  Python-visible names of upstream's C++ extension), ``session_options`` (the backend's
+  check and log of an options dict).
 
 ``compile/``: a wrapped model to a device program (``compile_model``: capture -> IR ->
 autodiff -> step program -> outline), with the program's stream layout (``batching``),
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from ipuxl.errors import PoptorchError as Error
     from ipuxl.poptorch_compat import enums, options
     from ipuxl.poptorch_compat import poptorch_logging as logging
+    from ipuxl.poptorch_compat import poptorch_core
     from ipuxl.poptorch_compat.enums import (
         AutoStage, CommGroupType, ConnectionType, HalfFloatCastingBehavior, Liveness, MatMulSerializationMode,
         MeanReductionStrategy, MultiConvPlanType, OverlapMode, ReductionType, SharingStrategy, SyncPattern,
@@ -101,6 +104,9 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "set_overlap_for_output": ("ipuxl.poptorch_compat.ops", "set_overlap_for_output"),
     "MultiConv": ("ipuxl.poptorch_compat.ops", "MultiConv"),
     "NameScope": ("ipuxl.poptorch_compat.ops", "NameScope"),
+    "Attribute": ("ipuxl.poptorch_compat.ops", "Attribute"),
+    "hasMlirSupportOnPlatform": ("ipuxl.poptorch_compat.hardware", "hasMlirSupportOnPlatform"),
+    "createPoptorchError": ("ipuxl.poptorch_compat.poptorch_core", "createPoptorchError"),
     "CPU": ("ipuxl.poptorch_compat.ops", "CPU"),
     "custom_op": ("ipuxl.poptorch_compat.ops", "custom_op"),
     "ctc_beam_search_decoder": ("ipuxl.poptorch_compat.ops", "ctc_beam_search_decoder"),
@@ -122,6 +128,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "enums": ("ipuxl.poptorch_compat.enums", None),
     "options": ("ipuxl.poptorch_compat.options", None),
     "logging": ("ipuxl.poptorch_compat.poptorch_logging", None),
+    "_logging": ("ipuxl.poptorch_compat.poptorch_logging", None),
+    "poptorch_core": ("ipuxl.poptorch_compat.poptorch_core", None),
     "logger": ("ipuxl.poptorch_compat.poptorch_logging", "logger"),
     "setLogLevel": ("ipuxl.poptorch_compat.poptorch_logging", "setLogLevel"),
     "ipuHardwareIsAvailable": ("ipuxl.poptorch_compat.hardware", "ipuHardwareIsAvailable"),
@@ -148,4 +156,4 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 __getattr__, __dir__ = lazy_names("ipuxl.poptorch_compat", globals(), _LAZY, "PopTorch")
 
 
-__all__ = sorted(_LAZY)
+__all__ = sorted(n for n in _LAZY if not n.startswith("_") and n != "poptorch_core")

@@ -114,8 +114,9 @@ def _check(dataset: Any, buffer_size: object, miss_sleep_time_in_ms: object, sha
     where = user_source_line()
     if isinstance(dataset, DataLoader) and dataset.mode is not DataLoaderMode.Sync:
         raise PoptorchError(
-            f"AsynchronousDataAccessor: the DataLoader already reads asynchronously "
-            f"(mode=DataLoaderMode.{dataset.mode.name})", where=where,
+            "The DataLoader already uses an AsynchronousDataAccessor internally. Either use the existing one or set "
+            f"mode='poptorch.DataLoaderMode.Sync' in the DataLoader (it has mode=DataLoaderMode.{dataset.mode.name}).",
+            where=where,
             fix="iterate the DataLoader itself, or build it with mode=poptorch.DataLoaderMode.Sync")
     if not hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__"):
         raise InvalidArgumentError(

@@ -39,11 +39,17 @@ Differences from upstream, on purpose:
   combined batches each with ``drop_last=True``), process ``i`` reading block
   ``i``. With ``shuffle=True`` all processes draw the same permutation of the
   whole dataset each epoch (seeded from ``options.randomSeed``, which upstream
-  also requires) and each reads its block of it. ipuxl's ``replicationFactor`` is
-  the global replica count, so a process's combined batch is ``batch_size x
-  deviceIterations x (replicationFactor / num_processes) x gradientAccumulation``:
-  the data of the replicas it runs. An ``IterableDataset`` is not sharded (each
-  process reads all of it; use ``opts.Distributed.processId`` in the dataset).
+  also requires) and each reads its block of it. As upstream, ``replicationFactor``
+  counts the replicas of one process, so a process's combined batch is ``batch_size
+  x deviceIterations x replicationFactor x gradientAccumulation``: the data of the
+  replicas it runs. An ``IterableDataset`` is not sharded (each process reads all of
+  it; use ``opts.Distributed.processId`` in the dataset).
+* A custom ``batch_sampler`` (passed on to torch's loader) decides the batches: each
+  list of indices it yields is one batch as the model receives it (a combined batch),
+  ``combinedBatchSize`` is None, and ``batch_size``, ``shuffle``, ``sampler`` and
+  ``drop_last`` do not apply (``batch_size`` other than 1, ``shuffle=True`` or a
+  ``sampler`` raise torch's ValueError, as ``torch.utils.data.DataLoader``;
+  ``drop_last`` is left to the batch sampler).
 """
 from __future__ import annotations
 
@@ -153,6 +159,8 @@ class DataLoader(torch.utils.data.DataLoader):
         self._options = options
         self._mode = mode
         self._combined_batch_size: int | None = None
+        if kwargs.get("batch_sampler") is not None:
+            batch_size, drop_last = _custom_batches(batch_size, shuffle, kwargs)
         # The replicas this process feeds: all of them, or its share under torchrun.
         replicas = options.replicas_per_process()
         if batch_size is not None:
@@ -198,6 +206,8 @@ class DataLoader(torch.utils.data.DataLoader):
             _warn_if_partial_last_batch(self._shard if self._shard is not None else dataset,
                                         self._combined_batch_size, self._requested_drop_last)
 
+        if kwargs.get("batch_sampler") is not None:
+            loader_batch_size = 1  # torch's default, which it requires with a batch_sampler
         super().__init__(dataset, batch_size=loader_batch_size, shuffle=shuffle, num_workers=num_workers,
                          drop_last=drop_last, persistent_workers=persistent_workers, **kwargs)
         # As upstream: the batches are sized from these options, so they must not change.
@@ -257,6 +267,19 @@ class DataLoader(torch.utils.data.DataLoader):
     def __del__(self) -> None:
         if "_active" in self.__dict__:
             self.terminate()
+
+
+def _custom_batches(batch_size: int | None, shuffle: bool, kwargs: dict[str, Any]) -> tuple[None, bool]:
+    """``(batch_size, drop_last)`` to build torch's loader with the user's ``batch_sampler``:
+    the sampler makes the batches (see the module docstring).
+
+    Raises:
+        ValueError: torch's, for ``batch_size`` other than 1, ``shuffle=True`` or a ``sampler``.
+    """
+    if batch_size != 1 or shuffle or kwargs.get("sampler") is not None:
+        raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and "
+                         "drop_last")
+    return None, False
 
 
 # -- argument checks ----------------------------------------------------------------

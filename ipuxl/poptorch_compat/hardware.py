@@ -11,7 +11,13 @@ from ipuxl.capture.mode import active_mode
 from ipuxl.errors import InvalidArgumentError, NoIpuHardwareError
 from ipuxl.ir.context import user_source_line
 
-__all__ = ["ipuHardwareIsAvailable", "ipuHardwareVersion", "isRunningOnIpu"]
+__all__ = ["ipuHardwareIsAvailable", "ipuHardwareVersion", "isRunningOnIpu", "hasMlirSupportOnPlatform"]
+
+
+def hasMlirSupportOnPlatform() -> bool:  # noqa: N802 - PopTorch's name
+    """Whether PopTorch's MLIR compiler is available here: never on ipuxl (it compiles
+    through its own IR)."""
+    return False
 
 
 def isRunningOnIpu() -> bool:  # noqa: N802 - PopTorch's name

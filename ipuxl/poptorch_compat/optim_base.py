@@ -19,12 +19,13 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import weakref
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 
 import torch
 
-from ipuxl.errors import InvalidArgumentError, InvalidValueError
+from ipuxl.errors import ExecutorError, InvalidArgumentError, InvalidValueError
 from ipuxl.ir.context import user_source_line
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
 ]
 
 INF = float("inf")
+_IPU_KEYS = ("ipu_state", "ipu_param")  # PopTorch's part of an optimiser state dict
 LAMB_MAX_WEIGHT_NORM = 65500.0  # PopTorch's default (float16 max) when max_weight_norm is None
 _ACCUM_DTYPES = (torch.float16, torch.float32)
 # extra option -> the rules' states whose dtype it sets, by rule
@@ -244,7 +246,8 @@ class Optimizer(_MixinBase):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.update(_ipuxl_extras=self.__dict__.get("_ipuxl_extras", {}),
-                     variable_attrs=self.__dict__.get("variable_attrs"))
+                     variable_attrs=self.__dict__.get("variable_attrs"),
+                     _ipu_state_dict=self.__dict__.get("_ipu_state_dict"))
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -252,6 +255,59 @@ class Optimizer(_MixinBase):
         for group in self.param_groups:
             for key, value in getattr(self, "_ipuxl_extras", {}).items():
                 group.setdefault(key, self.defaults.get(key, value))
+
+    # -- PopTorch's ipu_state / ipu_param (``compile.ipu_state``) ---------------------
+    def state_dict(self) -> dict[str, Any]:
+        """torch's state dict, and upstream's ``ipu_state`` / ``ipu_param``: the device's
+        optimiser state and scalars by PopART's names while a compiled training model
+        uses this optimiser (``runtime.ipu_optimizer_state``), else the ones loaded or
+        read last, else None."""
+        torch_part = super().state_dict()
+        provider = self.__dict__.get("_ipu_provider")
+        live = provider() if provider is not None else None
+        ipu = live.read() if live is not None else None
+        if ipu is None:
+            ipu = self.__dict__.get("_ipu_state_dict") or {"ipu_state": None, "ipu_param": None}
+        return {**ipu, **torch_part}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's ``load_state_dict``, and upstream's check that the dict is a PopTorch
+        optimiser's (it has ``ipu_state`` and ``ipu_param``, None or not): a non-None
+        ``ipu_state``/``ipu_param`` goes to the device before the next run.
+
+        Raises:
+            ExecutorError: an empty dict, or one without ``ipu_state``/``ipu_param``
+                (a RuntimeError, with upstream's messages).
+        """
+        if not state_dict:
+            raise ExecutorError("Cannot load optimizer state dictionary because it is empty.",
+                                where=user_source_line(), fix="pass the dict a PopTorch optimizer's state_dict() gave")
+        if "ipu_state" not in state_dict or "ipu_param" not in state_dict:
+            raise ExecutorError("Only IPU optimizer states can be loaded onto the IPU.", where=user_source_line(),
+                                fix="load a PopTorch optimizer's state_dict() (it has 'ipu_state' and 'ipu_param'); "
+                                    "for a torch.optim one, add {'ipu_state': None, 'ipu_param': None} to it")
+        super().load_state_dict({k: v for k, v in state_dict.items() if k not in _IPU_KEYS})
+        ipu = {key: state_dict[key] for key in _IPU_KEYS}
+        has_state = ipu["ipu_state"] is not None and ipu["ipu_param"] is not None
+        self.__dict__["_ipu_state_dict"] = ipu if has_state else None
+        provider = self.__dict__.get("_ipu_provider")
+        live = provider() if provider is not None else None
+        if live is not None and has_state:
+            live.loaded(ipu)
+
+    def has_state(self) -> bool:
+        """Whether an ``ipu_state`` was loaded or read (upstream's ``has_state``)."""
+        return self.__dict__.get("_ipu_state_dict") is not None
+
+    def attach_ipu_state(self, provider: Any) -> None:
+        """A training model serves ``ipu_state``/``ipu_param`` from now on (held weakly)."""
+        self.__dict__["_ipu_provider"] = weakref.ref(provider)
+
+    def detach_ipu_state(self, last: dict[str, Any] | None) -> None:
+        """No model serves them any more: keep ``last`` (the state read last)."""
+        self.__dict__.pop("_ipu_provider", None)
+        if last is not None:
+            self.__dict__["_ipu_state_dict"] = last
 
     # -- eager step ---------------------------------------------------------------
     def _own_update(self, group: dict[str, Any], p: torch.Tensor) -> bool:

@@ -428,8 +428,8 @@ class TensorLocationOptions(OptionGroup):
         self._check_not_frozen("numIOTiles")
         value = check_int(num_tiles, method="Options.TensorLocations.numIOTiles", arg="num_tiles", example="32")
         if not (32 <= value <= 192 and value % 2 == 0):
-            raise OptionsError(f"Options.TensorLocations.numIOTiles: num_tiles must be an even number between 32 "
-                               f"and 192, got {value}", where=user_source_line(), fix="pass e.g. 32 or 64")
+            raise OptionsError(f"numIOTiles must be an even number between 32 and 192. (Options.TensorLocations."
+                               f"numIOTiles got {value})", where=user_source_line(), fix="pass e.g. 32 or 64")
         self._set("numIOTiles", numIOTiles=value)
         return self
 
@@ -463,7 +463,7 @@ class TensorLocationOptions(OptionGroup):
 class DistributedOptions(OptionGroup):
     """``opts.Distributed``: which of several host processes this one is (upstream's
     ``_DistributedOptions``). Honoured: ``ipuxl.DataLoader`` reads this process's shard
-    and each process runs ``replicationFactor / numProcesses`` replicas.
+    and each process runs ``replicationFactor`` replicas (as upstream).
 
     Until ``configureProcessId`` (or ``setEnvVarNames`` / ``disable``) is called, the
     values come from torchrun's ``RANK`` and ``WORLD_SIZE`` environment variables, read

@@ -22,7 +22,7 @@ Honoured by the simulation: ``deviceIterations``, ``replicationFactor``,
 ``Training.gradientAccumulation``, ``outputMode`` (``OutputMode.Default`` is ``Final``
 for training and ``All`` for inference), ``randomSeed`` (also seeds torch's host RNG, as
 upstream), ``Distributed`` (process id and count: each process runs
-``replicationFactor / numProcesses`` replicas; upstream counts replicas per process),
+``replicationFactor`` replicas, as upstream),
 ``useIpuModel`` (the ``"ipu_model"`` device with its memory model). Recorded for the
 compile path (read them from the properties below): ``Training``'s reduction type and
 mean strategy, ``Precision``'s casting, running-statistics and partials settings,
@@ -51,7 +51,7 @@ from typing import Any, Literal
 
 import torch
 
-from ipuxl.errors import ConfigFileError, InvalidArgumentError, OptionsError
+from ipuxl.errors import ConfigFileError, InferenceOptionsError, InvalidArgumentError, OptionsError
 from ipuxl.ir.context import user_source_line
 from ipuxl.poptorch_compat.enums import CommGroupType, ConnectionType, SyncPattern
 from ipuxl.poptorch_compat.option_groups import (
@@ -227,10 +227,10 @@ class Options(RecordedOptions):
     def replicationFactor(self, replication_factor: int) -> Options:  # noqa: N802
         """Number of replicas of the model, each fed its own micro-batches (default: 1).
 
-        This is the total over all host processes: with ``num_processes`` processes
-        (torchrun, or ``opts.Distributed.configureProcessId``) each one runs and feeds
-        ``replication_factor / num_processes`` of them (upstream's
-        ``replicationFactor`` counts the replicas of one process instead)."""
+        As upstream, this counts the replicas of this process: with ``num_processes``
+        processes (torchrun, or ``opts.Distributed.configureProcessId``) each one runs
+        and feeds ``replication_factor`` replicas, ``replication_factor x num_processes``
+        in all (``total_replicas()``)."""
         self._check_not_frozen("replicationFactor")
         value = check_positive_int(replication_factor, method="Options.replicationFactor", arg="replication_factor",
                                    example="opts.replicationFactor(2)")
@@ -496,22 +496,13 @@ class Options(RecordedOptions):
         return self.output_mode
 
     def replicas_per_process(self) -> int:
-        """The replicas this process runs and feeds: ``replication_factor /
-        Distributed.numProcesses``.
+        """The replicas this process runs and feeds: ``replication_factor`` (upstream's
+        ``replicationFactor`` is per process)."""
+        return self.replication_factor
 
-        Raises:
-            OptionsError: the number of processes does not divide the replication factor.
-        """
-        processes = self._distributed.numProcesses
-        if self.replication_factor % processes:
-            valid = [d for d in range(1, self.replication_factor + 1) if self.replication_factor % d == 0]
-            raise OptionsError(
-                f"replicationFactor({self.replication_factor}) cannot be split over {processes} processes "
-                f"(process {self._distributed.processId} of {processes}): each process must run the same "
-                "number of replicas", where=user_source_line(),
-                fix=f"use a replication factor that is a multiple of {processes}, or run {valid} processes "
-                    "(torchrun --nproc_per_node)")
-        return self.replication_factor // processes
+    def total_replicas(self) -> int:
+        """The replicas of the whole program: ``replication_factor x Distributed.numProcesses``."""
+        return self.replication_factor * self._distributed.numProcesses
 
     def combined_batch_factor(self, training: bool) -> int:
         """Micro-batches consumed by one run of the model: deviceIterations x
@@ -526,9 +517,10 @@ class Options(RecordedOptions):
         training = self._training_flag(training, "combined_batch_factor")
         accumulation = self._training.gradient_accumulation
         if not training and accumulation != 1:
-            raise OptionsError(
-                f"Options.Training.gradientAccumulation is {accumulation} but an inference model needs 1 "
-                "(gradient accumulation only applies to training)",
+            raise InferenceOptionsError(
+                "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its default value "
+                f"(1) when running a poptorch.inferenceModel() (it is {accumulation}: gradient accumulation only "
+                "applies to training).",
                 where=user_source_line(),
                 fix="use options with opts.Training.gradientAccumulation(1) for inference (for example "
                     "`infer_opts = opts.clone(); infer_opts.Training.gradientAccumulation(1)`); use "

@@ -12,6 +12,9 @@ gives the reason for each:
 * Poplar planning hints: ``setAvailableMemoryProportion``, ``updatableNamedBuffers``;
 * names in logs and reports: ``logDir``, ``modelName``, ``disableModuleNamescope``,
   ``sourceLocationExcludes``, ``appendToLocationExcludes``.
+
+``maxRepeatLogs`` is the exception: it limits how often PopTorch's loggers print a
+repeated message (in this process, from the call on).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING, Self
 from ipuxl.errors import OptionsError
 from ipuxl.ir.context import user_source_line
 from ipuxl.poptorch_compat.enums import SyncPattern
+from ipuxl.poptorch_compat.poptorch_logging import set_max_repeats
 from ipuxl.poptorch_compat.option_groups import OptionGroup, check_enum, check_flag, check_int, check_str, type_name
 
 if TYPE_CHECKING:
@@ -166,6 +170,19 @@ class RecordedOptions(OptionGroup):
             raise OptionsError(f"Options.sourceLocationExcludes: excludes must be a list of strings, got {excludes!r}",
                                where=user_source_line(), fix='pass e.g. ["site-packages/transformers"]')
         self._set("sourceLocationExcludes", source_location_excludes=list(excludes))
+        return self
+
+    def maxRepeatLogs(self, number: int | None) -> Self:  # noqa: N802
+        """Print an often-repeated log message at most ``number`` times (None: no limit).
+        Applies to PopTorch's loggers (``poptorch::python``, ``poptorch:cpp``) in this
+        process, from the call on."""
+        self._check_not_frozen("maxRepeatLogs")
+        if number is not None:
+            number = check_int(number, method="Options.maxRepeatLogs", arg="number", example="4")
+            if number < 0:
+                raise OptionsError(f"Options.maxRepeatLogs: number must be >= 0 or None, got {number}",
+                                   where=user_source_line(), fix="pass a count such as 4, or None for no limit")
+        set_max_repeats(number)
         return self
 
     def appendToLocationExcludes(self, *excludes: str) -> Self:  # noqa: N802

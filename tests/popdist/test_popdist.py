@@ -82,7 +82,9 @@ def test_poprun_variables_and_torchrun_variables_are_read(one_process):
     assert (opts.replicatedGraphCount, opts.globalReplicaOffset, opts.globalReplicationFactor) == (2, 2, 4)
     assert opts.enableDistributedReplicatedGraphs
     options = ipuxl.popdist.poptorch.Options()
-    assert (options.replication_factor, options.Distributed.processId, options.Distributed.numProcesses) == (4, 1, 2)
+    # as upstream: replicationFactor is this instance's replicas (2 of the 4)
+    assert (options.replication_factor, options.Distributed.processId, options.Distributed.numProcesses) == (2, 1, 2)
+    assert options.total_replicas() == 4
     one_process.setenv("POPDIST_NUM_IPUS_PER_REPLICA", "2")
     with pytest.raises(PopdistError, match="ipus_per_replica=1 but the launch gives each replica 2"):
         ipuxl.popdist.poptorch.Options(ipus_per_replica=1)

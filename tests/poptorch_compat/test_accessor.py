@@ -84,7 +84,8 @@ def test_accessor_after_terminate_and_on_an_async_loader():
     with raises(PoptorchError, "after terminate()"):
         iter(accessor)
     loader = poptorch.DataLoader(poptorch.Options(), indexed(4), mode=poptorch.DataLoaderMode.Async)
-    with raises(PoptorchError, "already reads asynchronously", "DataLoaderMode.Async"):
+    with raises(PoptorchError, "The DataLoader already uses an AsynchronousDataAccessor internally",
+                "DataLoaderMode.Async"):
         poptorch.AsynchronousDataAccessor(loader)
 
 

@@ -168,8 +168,10 @@ def test_pipelined_training_needs_enough_accumulation():
     opts.Training.gradientAccumulation(4)  # 3 forward stages: 5 pipeline stages
     training = poptorch.trainingModel(model, opts)
     x, y = _data(1, 8)[0]
-    with pytest.raises(ExecutorError, match=r"depth \(gradient accumulation factor\) must equal at least the "
-                                            r"number of pipeline stages \(5\)"):
+    with pytest.raises(ExecutorError, match=r"gradientAccumulation must be greater than or equal to the number of "
+                                            r"pipeline stages \(5\) when using poptorch\.PipelinedExecution\. Please "
+                                            r"note that a model with 3 pipeline stages in PopTorch will have an "
+                                            r"additional 2 stages when training"):
         training(x, y)
     # sharded execution has no pipeline to fill
     sharded = poptorch.Options()

@@ -180,7 +180,7 @@ def test_combined_batch_factor_inference_refuses_gradient_accumulation():
     opts = Options().deviceIterations(3).replicationFactor(2)
     assert opts.combined_batch_factor(training=False) == 6
     opts.Training.gradientAccumulation(4)
-    with raises(OptionsError, "gradientAccumulation is 4 but an inference model needs 1",
+    with raises(OptionsError, "You must set poptorch.Options().Training.gradientAccumulation to 1", "(it is 4",
                 "opts.Training.gradientAccumulation(1)"):
         opts.combined_batch_factor(training=False)
     with raises(InvalidArgumentError, "training must be True or False"):

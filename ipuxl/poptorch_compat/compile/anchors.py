@@ -13,6 +13,11 @@ PopART's prefixes:
   loss scaling divided out, before gradient clipping;
 * ``UpdatedVar___<param>``: the weight after the optimiser step.
 
+A training model can also anchor PopART's ``finalLossScale``: the loss scaling the
+step used (ipuxl's loss scaling is the optimiser's ``loss_scaling``, which automatic
+loss scaling does not change on ipuxl: ``Training.setAutomaticLossScaling`` has no
+effect, so its update factor is 1).
+
 The gradient names exist for the parameters a training model trains. PopTorch 2's
 JIT-traced spelling with ``model.`` before the path (``Gradient___model.fc2.bias``) is
 accepted too. Each anchor is a device-to-host stream stored every device iteration
@@ -46,6 +51,8 @@ __all__ = ["AnchorRequest", "AnchorPlan", "AnchorStreams", "plan_anchors", "gath
 
 #: PopART's prefixes of the anchorable tensors, and what each gives (see the module docstring)
 PREFIXES = {"": "weight", "Gradient___": "gradient", "Accum___": "accumulated", "UpdatedVar___": "updated"}
+#: PopART's names of a training step's scalars that can be anchored -> their kind
+SCALARS = {"finalLossScale": "loss_scale"}
 _GRADIENT_KINDS = ("gradient", "accumulated", "updated")
 _MODULE = "model."  # PopTorch 2's JIT wrapper, and ipuxl's loss wrapper: the user module is its "model"
 
@@ -79,6 +86,10 @@ class AnchorPlan:
         paths = {path: name for path, name in self.paths.items() if name in params}
         valid = anchorable_names(paths, trained, training)
         for request in self.requests:
+            if training and request.long_name in SCALARS:
+                scalar = d2h_stream((), torch.float32, f"anchor.{request.short_name}")
+                streams.anchors.append(_Anchor(request, SCALARS[request.long_name], "", (scalar,)))
+                continue
             long_name = _canonical(request.long_name, paths)
             if long_name not in valid:
                 raise _unknown(request, valid, training)
@@ -133,6 +144,11 @@ class AnchorStreams:
         for a in self._of("updated"):
             host_store(a.streams[0], inputs[params[a.param]])
 
+    def store_loss_scale(self, loss_scale: Tensor) -> None:
+        """After the optimiser step: the loss scaling the step used (float32 scalar)."""
+        for a in self._of("loss_scale"):
+            host_store(a.streams[0], loss_scale)
+
 
 def plan_anchors(options: Options, training: bool, param_names: list[str], *, wrapped: bool) -> AnchorPlan | None:
     """The anchors of ``options`` (None without any): an anchor without its own output
@@ -175,6 +191,8 @@ def anchorable_names(plan_paths: dict[str, str], trained: list[str], training: b
         names.append(path)
         if training and param in trained_set:
             names += [f"{prefix}{path}" for prefix, kind in PREFIXES.items() if kind in _GRADIENT_KINDS]
+    if training:
+        names += list(SCALARS)
     return names
 
 
@@ -193,7 +211,7 @@ def _unknown(request: AnchorRequest, valid: list[str], training: bool) -> Anchor
 def gather_anchors(streams: AnchorStreams, options: Options, results: dict[Any, np.ndarray]) -> dict[str, torch.Tensor]:
     """Each anchor's values of the call, reduced per its output mode (see the module
     docstring); under torchrun, those of this process's replicas, as outputs are."""
-    n, replicas = options.device_iterations, options.replication_factor
+    n, replicas = options.device_iterations, options.total_replicas()
     first, last = local_replica_range(options)
     found: dict[str, torch.Tensor] = {}
     for a in streams.anchors:

@@ -113,7 +113,7 @@ def replica_groups(options: Options) -> list[int]:
             ``NoGrouping`` is given a group size other than 1.
         UnsupportedError: groups of more than one replica under torchrun.
     """
-    replicas, size, kind = options.replication_factor, options.input_group_size, options.input_group_type
+    replicas, size, kind = options.total_replicas(), options.input_group_size, options.input_group_type
     if size == 1:
         return list(range(*local_replica_range(options)))
     setting = f"Options.inputReplicaGrouping({size}, CommGroupType.{kind.name})"
@@ -213,8 +213,8 @@ def _factors(options: Options, training: bool, replicas: int) -> str:
         parts.append(f"(replicationFactor {options.replication_factor} / inputReplicaGrouping size "
                      f"{options.input_group_size})")
     elif processes > 1:
-        parts.append(f"replicationFactor {options.replication_factor} / {processes} processes "
-                     f"(= {replicas} replicas in this process)")
+        parts.append(f"replicationFactor {options.replication_factor} (the replicas of this process, of "
+                     f"{options.total_replicas()} over {processes} processes)")
     else:
         parts.append(f"replicationFactor {options.replication_factor}")
     return "micro-batch x " + " x ".join(parts)
@@ -238,7 +238,7 @@ def describe(key: tuple | None) -> str:
 
 def _per_micro_batch(options: Options, results: Results, streams: list[Any]) -> torch.Tensor:
     """One output's results of this process's replicas: ``(n, G, local replicas, *shape)``."""
-    n, replicas = options.device_iterations, options.replication_factor
+    n, replicas = options.device_iterations, options.total_replicas()
     first, last = local_replica_range(options)
     # as_torch: host data of a dtype numpy lacks (bfloat16) comes back in a wider one
     return torch.stack([torch.from_numpy(results[s]).reshape(n, replicas, *s.shape)[:, first:last]
@@ -254,7 +254,8 @@ def gather_outputs(options: Options, training: bool, program: Program, results: 
         per_output.append(seq.reshape(n * len(streams), seq.shape[2], *streams[0].shape))
     mode = options.resolved_output_mode(training)
     flat = [device_dtype(t) for t in reduce_outputs(per_output, mode, options.output_return_period)]
-    return pytree.tree_unflatten(flat, program.traced.out_spec)
+    outputs = pytree.tree_unflatten(flat, program.traced.out_spec)
+    return None if isinstance(outputs, tuple) and not outputs else outputs  # no outputs: None, as PopTorch
 
 
 def device_dtype(output: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,7 @@ from ipuxl.poptorch_compat.options import Options
 from ipuxl.poptorch_compat.compile.precision import precision_rules
 from ipuxl.poptorch_compat.compile.program import Gradients, Program, StartValues, build_program
 from ipuxl.poptorch_compat.compile.translate import ParamPlan
+from ipuxl.poptorch_compat.session_options import log_session_options, session_options
 from ipuxl.progress import stage
 from ipuxl.transforms import autodiff
 
@@ -60,6 +61,7 @@ def compile_model(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], *
         OptionsError: the blocks do not fit the execution strategy (``placement.Placement.finish``).
         ExecutorError: a pipeline with too few micro-batches for its stages (``placement.check_depth``).
     """
+    log_session_options(session_options(options))  # as upstream's backend, when it reads the options
     with stage("capture"), placement(options.execution_strategy) as placed:  # each op's stage and IPU (``placement``)
         traced = capture(model, args, kwargs, training=training, outline=options.auto_outline,
                          precision=precision_rules(options))
@@ -103,7 +105,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], *, trai
 def import_forward(traced: TracedModule, options: Options) -> Graph:
     """Step 2: a new ``Ir`` (replicas; one host transfer per device iteration, as the
     device loop loads once per iteration) holding the trace as its forward subgraph."""
-    ir = Ir(replication=options.replication_factor)
+    ir = Ir(replication=options.total_replicas())
     ir.num_host_transfers = options.device_iterations
     return graph_from_trace(ir, traced)
 

@@ -184,9 +184,10 @@ def check_depth(plan: StagePlan | None, *, training: bool, gradient_accumulation
     needed = plan.pipeline_stages(training)
     if training and gradient_accumulation < needed:
         raise ExecutorError(
-            f"For pipelining, depth (gradient accumulation factor) must equal at least the number of pipeline stages "
-            f"({needed}): {plan.num_stages} forward stages make {needed} pipeline stages in training, and "
-            f"gradientAccumulation is {gradient_accumulation}", where=user_source_line(),
+            f"poptorch.Options().Training.gradientAccumulation must be greater than or equal to the number of "
+            f"pipeline stages ({needed}) when using poptorch.PipelinedExecution. Please note that a model with "
+            f"{plan.num_stages} pipeline stages in PopTorch will have an additional {needed - plan.num_stages} stages "
+            f"when training. (gradientAccumulation is {gradient_accumulation})", where=user_source_line(),
             fix=f"set opts.Training.gradientAccumulation({needed}) or more, or use poptorch.ShardedExecution")
     if not training and device_iterations < needed:
         raise ExecutorError(

@@ -247,6 +247,7 @@ def _build_step(program: Program, forward: Graph, gradients: Gradients | None, p
         _apply_optimizer(program, plans, dict(zip(gradients.trained, grad_sums)), divisor, inputs)
         if anchors:
             anchors.store_updated(program.params, inputs)
+            anchors.store_loss_scale(_loss_scale(program, plans, inputs))
 
 
 def _add_variables(program: Program, forward: Graph, start: StartValues) -> None:
@@ -300,6 +301,13 @@ def _loss_gradient(program: Program, forward: Graph, plans: list[ParamPlan],
         return cast(inputs[program.loss_scaling], dtype)
     scaling = plans[0].loss_scaling if plans else 1.0
     return constant(np.full((), scaling, to_numpy_dtype(dtype)), dtype)
+
+
+def _loss_scale(program: Program, plans: list[ParamPlan], inputs: dict[Variable, Tensor]) -> Tensor:
+    """The step's loss scaling as a float32 scalar (its variable, or a constant)."""
+    if program.loss_scaling is not None:
+        return cast(inputs[program.loss_scaling], torch.float32)
+    return constant(np.float32(plans[0].loss_scaling if plans else 1.0), torch.float32)
 
 
 def _micro_batch(program: Program, forward: Graph, gradients: Gradients | None, loaded: list[Tensor],

@@ -41,7 +41,7 @@ from ipuxl.poptorch_compat.optim_base import (
 )
 
 __all__ = ["ParamPlan", "translate", "variable_hypers", "check_replacement", "initial_state", "write_state", "SUPPORTED",
-           "AttributeChecks", "UPSTREAM_ATTRIBUTE"]
+           "AttributeChecks", "UPSTREAM_ATTRIBUTE", "upstream_type"]
 
 _LOG = logging.getLogger("poptorch::python")
 
@@ -436,7 +436,7 @@ def _set_step(st: dict[str, Any], value: float) -> None:
 
 
 # attributes of torch's Optimizer base class, never reported (as upstream)
-_BASE_ATTRIBUTES = frozenset({"defaults", "state", "param_groups", "variable_attrs"})
+_BASE_ATTRIBUTES = frozenset({"defaults", "state", "param_groups", "variable_attrs", "_ipu_provider", "_ipu_state_dict"})
 
 
 class AttributeChecks:
@@ -460,7 +460,7 @@ class AttributeChecks:
 
     def check(self, optimizer: torch.optim.Optimizer) -> None:
         """Record (first call) or check (later calls) ``optimizer``'s attributes."""
-        kind = _upstream_type(optimizer)
+        kind = upstream_type(optimizer)
         self._compare(self._group, list(optimizer.defaults), "default group variable", kind)
         self._compare(self._optimizer, [k for k in vars(optimizer) if k not in _BASE_ATTRIBUTES],
                       "optimizer attribute", kind)
@@ -479,14 +479,18 @@ class AttributeChecks:
                 self._log(message)
 
 
-def _upstream_type(optimizer: Any) -> str:
-    """PopTorch's name of the optimiser's type in its messages (``SGD2``, ``ADAMW``...)."""
+def upstream_type(optimizer: Any) -> str:
+    """PopTorch's name of the optimiser's type in its messages and logs (``SGD1`` with a
+    combined accumulator, ``SGD2``, ``ADAM``, ``ADAMW``, ``ADAMW_NO_BIAS``, ``LAMB``,
+    ``LAMB_NO_BIAS``, ``RMSPROP``, ``RMSPROP_CENTERED``); a torch ``Adam`` with decoupled
+    weight decay is ``ADAMW``."""
     group = optimizer.param_groups[0] if optimizer.param_groups else {}
     if isinstance(optimizer, torch.optim.SGD):
         return "SGD1" if getattr(optimizer, "use_combined_accum", False) else "SGD2"
     if isinstance(optimizer, torch.optim.RMSprop):
         return "RMSPROP_CENTERED" if group.get("centered") else "RMSPROP"
-    if isinstance(optimizer, (torch.optim.AdamW, poptorch_optim.LAMB)):
-        base = "ADAMW" if isinstance(optimizer, torch.optim.AdamW) else "LAMB"
+    decoupled = isinstance(optimizer, torch.optim.Adam) and group.get("decoupled_weight_decay", False)
+    if isinstance(optimizer, (torch.optim.AdamW, poptorch_optim.LAMB)) or decoupled:
+        base = "LAMB" if isinstance(optimizer, poptorch_optim.LAMB) else "ADAMW"
         return base if getattr(optimizer, "bias_correction", True) else f"{base}_NO_BIAS"
     return "ADAM" if isinstance(optimizer, torch.optim.Adam) else type(optimizer).__name__.upper()

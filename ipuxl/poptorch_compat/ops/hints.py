@@ -15,7 +15,7 @@ from ipuxl.poptorch_compat.enums import MatMulSerializationMode, MultiConvPlanTy
 from ipuxl.poptorch_compat.ops.arguments import bad_arg, check_tensor
 
 __all__ = [
-    "nop", "recomputationCheckpoint", "serializedMatMul", "set_available_memory", "set_overlap_for_input",
+    "Attribute", "nop", "recomputationCheckpoint", "serializedMatMul", "set_available_memory", "set_overlap_for_input",
     "set_overlap_for_output", "MultiConv", "NameScope",
 ]
 
@@ -179,6 +179,22 @@ class MultiConv:
             raise bad_arg(f"cycleBackOff: value must be a float, got {value!r}", "pass a float such as 0.1")
         self._cycle_back_off = value
         return self
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class Attribute:
+    """Attach PopART attributes (``__outline={...}``, ``available_memory_proportion``...) to
+    the ops made inside ``with Attribute(**attributes):``. No effect on a simulated device
+    (ipuxl's ops carry no PopART attributes); the names are checked as upstream's keyword
+    arguments."""
+
+    def __init__(self, **attributes: Any):
+        self.attributes = dict(attributes)
 
     def __enter__(self) -> None:
         return None

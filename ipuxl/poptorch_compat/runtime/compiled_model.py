@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from torch.utils import _pytree as pytree
 
 from ipuxl.capture.arguments import canonical_call
 from ipuxl.capture.dropout import seed_words
@@ -48,6 +49,9 @@ from ipuxl.poptorch_compat.compile.batching import (
 from ipuxl.poptorch_compat.compile.compile_model import compile_model
 from ipuxl.poptorch_compat.compile.hooks import run_post_compile_hooks, run_pre_compile_hooks
 from ipuxl.poptorch_compat.compile.log import log_recompile, program_stages, recompile_reason
+from ipuxl.poptorch_compat.compile.optimizer_log import OptimizerLog
+from ipuxl.poptorch_compat.optim_base import Optimizer as PoptorchOptimizer
+from ipuxl.poptorch_compat.runtime.ipu_optimizer_state import IpuOptimizerState
 from ipuxl.poptorch_compat.compile.memory_format import choose as choose_memory_format, to_format
 from ipuxl.poptorch_compat.compile.program import StartValues, hyper_values, optimizer_structure
 from ipuxl.poptorch_compat.compile.report import annotate_report
@@ -69,6 +73,15 @@ _LIVE: "weakref.WeakSet[CompiledModel]" = weakref.WeakSet()
 _LOG = logging.getLogger("poptorch::python")
 
 
+def _warn_inputs_requiring_grad(call: tuple[tuple, dict[str, Any]]) -> None:
+    """Upstream's warning, once per input tensor of a compiled call, for an input that
+    requires grad: the device program takes its value only (no gradient flows back to it)."""
+    for leaf in pytree.tree_leaves(call):
+        if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+            _LOG.warning("Input tensor has requires_grad=True set. This tensor will be detached because "
+                         "backward pass via inputs is not supported.")
+
+
 def refuse_second_training_wrapper(model: torch.nn.Module) -> None:
     """Refuse to wrap ``model`` for training while a live training model wraps it.
 
@@ -78,7 +91,8 @@ def refuse_second_training_wrapper(model: torch.nn.Module) -> None:
     for other in list(_LIVE):
         if other.training and not other._destroyed and other._user_model is model:
             raise AlreadyWrappedError(
-                f"the module {type(model).__name__} has already been wrapped in ipuxl.trainingModel",
+                "Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy() on the model to "
+                f"unwrap before wrapping again. (the module: {type(model).__name__})",
                 where=user_source_line(),
                 fix="call destroy() on the existing training model (it copies the weights back) before wrapping "
                     "the module again, or keep using the existing one")
@@ -125,6 +139,12 @@ class CompiledModel:
         self._example: Any = None  # the compiled call's input specs (save)
         self._anchored: dict[str, torch.Tensor] = {}  # the last call's anchored tensors (getAnchoredTensor)
         self._sync = WeightSync(self._model, training=training, optimizer=optimizer, plans=plans)
+        # what upstream's backend logs of the optimiser (names: the user module's, as upstream's)
+        self._optimizer_log = OptimizerLog({id(p): n for n, p in torch.nn.Module.named_parameters(model)})
+        self._ipu_state = IpuOptimizerState(self)  # upstream's ipu_state / ipu_param of a PopTorch optimiser
+        self._ipu_state.adopt(optimizer)
+        if isinstance(optimizer, PoptorchOptimizer) and optimizer.has_state():  # loaded before it was wrapped
+            self._ipu_state.loaded(optimizer.state_dict())
         _LIVE.add(self)
         # a wrapper dropped without destroy() leaves its trained weights in the host module: where
         # the device keeps its own copy (a GPU, several replicas), they are pulled back when it goes
@@ -161,6 +181,7 @@ class CompiledModel:
             raise
         ran = time.perf_counter()
         self._sync.after_run(self.options.device_iterations)
+        self._ipu_state.ran()
         update_inputs(self.options, program, results, batch.tensors)
         outputs = gather_outputs(self.options, self.training, program, results)
         if program.anchors is not None:
@@ -238,6 +259,7 @@ class CompiledModel:
                     fix="keep input shapes and dtypes fixed (e.g. drop_last=True in the DataLoader), or "
                         "leave Options.staticShapes off to recompile on a change")
             log_recompile(self._kind, recompile_reason(self._key, key, compiled.program.traced.input_names))
+        _warn_inputs_requiring_grad(call)
         self._rebuild(key)
         self._example = input_specs(call)
 
@@ -270,7 +292,7 @@ class CompiledModel:
         assert key is not None, "a first compile names its call"
         sync = self._sync
         if sync.optimizer_dirty:  # a loaded optimizer state dict: its hyperparameters and state
-            sync.plans = self._translate()
+            sync.plans = self._ipu_state.plans(self._translate())
             states_from_optimizer = True
         start = self._start_values(states_from_optimizer)
         args, kwargs = example_call(key)
@@ -301,6 +323,10 @@ class CompiledModel:
             sync.close_session()
         self._key, self._seed, self._channels_last = key, start.seed, channels_last
         self.compile_count += 1
+        if sync.optimizer is not None:
+            self._optimizer_log.log(sync.optimizer)
+            if sync.attached:
+                self._ipu_state.compiled()
 
     def _start_values(self, states_from_optimizer: bool) -> StartValues:
         """What a new program starts from: the host weights (newer device weights pulled
@@ -392,8 +418,11 @@ class CompiledModel:
         if self._sync.compiled is not None:
             check_replacement(self._sync.plans, plans)
         self._attribute_checks.check(optimizer)
+        self._ipu_state.adopt(optimizer)
         self._sync.set_optimizer(optimizer)
         self._apply_plans(plans)
+        if self._sync.compiled is not None:
+            self._optimizer_log.log(optimizer)
 
     def _apply_plans(self, plans: list[ParamPlan], *, states_from_optimizer: bool = False) -> None:
         """Use ``plans`` from the next run: new values of variable hyperparameters are
@@ -420,8 +449,13 @@ class CompiledModel:
         compiled.session.write_variables_data(updates)
 
     def _push_optimizer(self) -> None:
+        if isinstance(self._sync.optimizer, PoptorchOptimizer):  # upstream writes weights and state together
+            if self._sync.weights_newer:
+                _LOG.debug("Implicit copyWeightsToHost()")
+                self._sync.pull_weights_if_newer()
+            self._ipu_state.pushed()
         self._sync.optimizer_dirty = False
-        self._apply_plans(self._translate(), states_from_optimizer=True)
+        self._apply_plans(self._ipu_state.plans(self._translate()), states_from_optimizer=True)
 
     # -- device ---------------------------------------------------------------------------
     def detachFromDevice(self) -> None:  # noqa: N802
@@ -430,6 +464,8 @@ class CompiledModel:
         if not self._sync.attached:
             raise DetachedError(f"the {self._kind} model is not attached to a device", where=user_source_line(),
                                 fix="only detach an attached (compiled) model")
+        if isinstance(self._sync.optimizer, PoptorchOptimizer):
+            self._ipu_state.detached()  # upstream reads a PopTorch optimiser's state back
         self._sync.pull(keep_host_writes=True)
         seed = self._sync.device_seed()
         if seed is not None and not self._seed_dirty:
@@ -448,6 +484,9 @@ class CompiledModel:
                                 fix="detachFromDevice() first")
         self._sync.attached = True
         self.copyWeightsToDevice()
+        if isinstance(self._sync.optimizer, PoptorchOptimizer) and self._sync.optimizer.has_state():
+            self._sync.optimizer_dirty = True  # upstream writes the state read at detach (or loaded since)
+            self._push_optimizer()
         if self._seed_dirty:
             self._write_seed()
 

@@ -33,8 +33,11 @@ def refuse_offline(options: Options, kind: str, action: str) -> None:
     """
     if attaches(options):
         return
+    what = ("Trying to run a model on an offline device (ConnectionType.Never): use model.compile(inputs) "
+            "instead of model(inputs)" if action == "run"
+            else f"cannot {action} the {kind} model: it targets an offline device (ConnectionType.Never)")
     raise OfflineDeviceError(
-        f"cannot {action} the {kind} model: it targets an offline device (ConnectionType.Never)",
+        what,
         where=user_source_line(),
         fix="use model.compile(inputs) to compile without running, or build the model with options "
             "whose connectionType is ConnectionType.Always or OnDemand (no useOfflineIpuTarget)")

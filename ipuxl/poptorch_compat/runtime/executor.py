@@ -19,6 +19,8 @@ import torch
 
 from ipuxl.errors import AnchorError, ExecutorError, InvalidValueError
 from ipuxl.ir.context import user_source_line
+from ipuxl.poptorch_compat.compile.ipu_state import ipu_param, state_name
+from ipuxl.poptorch_compat.compile.popart_ir import popart_ir
 from ipuxl.poptorch_compat.compile.anchors import anchorable_names, parameter_paths
 from ipuxl.poptorch_compat.compile.program import per_replica_seeds
 from ipuxl.poptorch_compat.options import Options
@@ -90,19 +92,41 @@ class PoplarExecutor(CompiledModel):
         return latency(self.getPerfCounters(), "input", min, "output_complete", max)
 
     def cycleCount(self) -> int:  # noqa: N802
-        """PopTorch's IPU cycle count: not available, the simulated device has no cycle counter."""
+        """PopTorch's IPU cycle count: not available, the simulated device has no cycle counter.
+
+        Raises:
+            ExecutorError: always; without ``Options.logCycleCount(True)`` with upstream's
+                message ("Cycle count logging is disabled...").
+        """
+        if not self.options.toDict().get("instrumentWithHardwareCycleCounter", False):
+            raise ExecutorError("Cycle count logging is disabled. Please set option logCycleCount to True to enable.",
+                                where=user_source_line(), fix="call opts.logCycleCount(True) (as upstream requires)")
         raise ExecutorError("cycleCount(): the simulated IPU has no hardware cycle counter", where=user_source_line(),
                             fix="time calls with getPerfCounters() or getLatency() instead")
 
     # -- tensor names and anchored tensors -------------------------------------------------
+    def _debugGetPopartIR(self) -> str:  # noqa: N802 - PopTorch's (private) name
+        """The compiled program as upstream's PopART IR dump: JSON ``{"maingraph": [op...]}``
+        with PopART's op types for the ops ipuxl runs (``compile.popart_ir``)."""
+        compiled = self._compiled_for("_debugGetPopartIR")
+        return popart_ir(compiled.program.ir, self._trainable_plans() if self.training else [],
+                         training=self.training)
+
     def getTensorNames(self) -> list[str]:  # noqa: N802
         """The names of the compiled program's tensors: first the PopART names
-        ``Options.anchorTensor`` accepts (``anchors``), then ipuxl's: its host streams and
-        every tensor of every graph (variables, constants, op results) in program order."""
+        ``Options.anchorTensor`` accepts (``anchors``), then (training) the optimiser's
+        state and scalars by PopART's names (``compile.ipu_state``: ``Accl1___...``,
+        ``learningRate___specific___...``, ``scaledLearningRate0___...``), then ipuxl's:
+        its host streams and every tensor of every graph (variables, constants, op
+        results) in program order."""
         compiled = self._compiled_for("getTensorNames")
         program = compiled.program
         paths = parameter_paths(list(self._names.values()), wrapped=self._model is not self._user_model)
         names = anchorable_names(paths, program.trained, self.training)
+        if self.training:
+            plans = self._trainable_plans()
+            states = [state_name(key, plans) for key in program.states]
+            names += [name for name in states if name is not None] + list(ipu_param(plans))
         names += [stream.name for stream in program.ir.streams] + [t.name for g in program.ir.graphs for t in g.tensors]
         return list(dict.fromkeys(names))
 
@@ -139,7 +163,7 @@ class PoplarExecutor(CompiledModel):
     @rng_state.setter
     def rng_state(self, state: Sequence[int]) -> None:
         self._compiled_for("set rng_state")
-        replicas = self.options.replication_factor
+        replicas = self.options.total_replicas()
         words = np.asarray(list(state), np.int64)
         if words.size == 2:
             words = words if replicas == 1 else per_replica_seeds(words, replicas)

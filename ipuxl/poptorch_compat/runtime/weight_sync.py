@@ -83,6 +83,11 @@ class WeightSync:
         _bump_generation()
         weakref.finalize(self, _bump_generation)
 
+    @property
+    def weights_newer(self) -> bool:
+        """The device's weights changed since the host module last read them."""
+        return self._weights_newer
+
     # -- called by the hooks on the host module and the torch optimiser ---------------------------
     def pull_weights_if_newer(self) -> None:
         """Before the host module is read: copy newer device weights back."""

@@ -251,10 +251,10 @@ def test_dataloader_combined_batch_feeds_a_replicated_model():
 def test_dataloader_shards_are_disjoint_and_cover_the_dataset(shuffle):
     shards = []
     for pid in range(2):
-        opts = Options().deviceIterations(2).replicationFactor(4).randomSeed(3)
+        opts = Options().deviceIterations(2).replicationFactor(2).randomSeed(3)
         opts.Distributed.configureProcessId(pid, 2)
         loader = ipuxl.DataLoader(opts, Indexed(96), batch_size=3, shuffle=shuffle)
-        assert loader.combinedBatchSize == 3 * 2 * 2  # this process's 2 of the 4 replicas
+        assert loader.combinedBatchSize == 3 * 2 * 2  # this process's 2 replicas (of 4)
         epoch = [torch.cat([x for x, _ in loader]).flatten().long().tolist() for _ in range(2)]
         assert len(epoch[0]) == 48
         assert (epoch[0] != epoch[1]) == shuffle
@@ -271,7 +271,7 @@ def test_dataloader_reads_torchrun_environment(monkeypatch):
     for rank in range(2):
         monkeypatch.setenv("WORLD_SIZE", "2")
         monkeypatch.setenv("RANK", str(rank))
-        opts = Options().replicationFactor(2)
+        opts = Options().replicationFactor(1)  # this process's replicas, as upstream
         assert (opts.Distributed.processId, opts.Distributed.numProcesses) == (rank, 2)
         loader = ipuxl.DataLoader(opts, Indexed(20), batch_size=2)
         assert loader.combinedBatchSize == 2
@@ -284,10 +284,9 @@ def test_distributed_option_errors(monkeypatch):
         Options().Distributed.configureProcessId(2, 2)
     with raises(OptionsError, "num_processes must be a positive int"):
         Options().Distributed.configureProcessId(0, 0)
-    opts = Options().replicationFactor(3)
+    opts = Options().replicationFactor(3)  # 3 replicas in each of the 2 processes (upstream's count)
     opts.Distributed.configureProcessId(0, 2)
-    with raises(OptionsError, "replicationFactor(3) cannot be split over 2 processes"):
-        ipuxl.DataLoader(opts, Indexed(12), batch_size=1)
+    assert ipuxl.DataLoader(opts, Indexed(12), batch_size=1).combinedBatchSize == 3 and opts.total_replicas() == 6
     opts = Options().replicationFactor(2)
     opts.Distributed.configureProcessId(0, 2)
     with raises(OptionsError, "shuffle=True over 2 processes needs options.randomSeed"):
@@ -315,7 +314,7 @@ data = torch.load({data!r})
 rank = int(__import__("os").environ["RANK"])
 model = MLP()
 model.load_state_dict(data["init"])
-opts = Options().deviceIterations(3).replicationFactor(4).outputMode(OutputMode.All)
+opts = Options().deviceIterations(3).replicationFactor(2).outputMode(OutputMode.All)  # per process: 4 in all
 opts.anchorTensor("grad", "Gradient___fc2.bias")
 training = ipuxl.trainingModel(model, opts, optimizer=torch.optim.Adam(model.parameters(), lr=0.01))
 x, y = data["x"], data["y"]  # (steps, replicas, micro, ...): this process feeds its 2 replicas

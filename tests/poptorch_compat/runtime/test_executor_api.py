@@ -68,8 +68,11 @@ def test_perf_counters_shape_order_and_latencies():
 
 def test_cycle_count_is_refused():
     _, training = training_model()
-    with raises(ExecutorError, "no hardware cycle counter"):
+    with raises(ExecutorError, "Cycle count logging is disabled"):  # upstream's, without logCycleCount
         training.cycleCount()
+    model = poptorch.inferenceModel(Net(0.0), poptorch.Options().logCycleCount(True))
+    with raises(ExecutorError, "no hardware cycle counter"):
+        model.cycleCount()
 
 
 # -- tensor names, state queries, accessors -------------------------------------------------------
