@@ -21,7 +21,7 @@ from __future__ import annotations
 from ipuxl.capture.mode import identity_loss
 from ipuxl.poptorch_compat.ops.control_flow import cond, for_loop
 from ipuxl.poptorch_compat.ops.hints import (
-    MultiConv, NameScope, nop, recomputationCheckpoint, serializedMatMul, set_available_memory, set_overlap_for_input,
+    Attribute, MultiConv, NameScope, nop, recomputationCheckpoint, serializedMatMul, set_available_memory, set_overlap_for_input,
     set_overlap_for_output,
 )
 from ipuxl.poptorch_compat.ops.host import CPU, custom_op, ipu_print_tensor, register_custom_op
@@ -31,5 +31,5 @@ __all__ = [
     "for_loop", "cond", "dynamic_slice", "dynamic_update", "ipu_print_tensor", "nop", "recomputationCheckpoint",
     "serializedMatMul", "set_available_memory", "set_overlap_for_input", "set_overlap_for_output", "MultiConv",
     "NameScope", "CPU", "custom_op", "register_custom_op", "identity_loss", "ctc_beam_search_decoder",
-    "fps", "nearest",
+    "fps", "nearest", "Attribute",
 ]
