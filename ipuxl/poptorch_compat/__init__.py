@@ -63,8 +63,8 @@ if TYPE_CHECKING:
     )
     from ipuxl.poptorch_compat.poptorch_logging import logger, setLogLevel
     from ipuxl.poptorch_compat.ops import (
-        CPU, Attribute, MultiConv, NameScope, cond, ctc_beam_search_decoder, custom_op, dynamic_slice, dynamic_update, for_loop,
-        fps, ipu_print_tensor, nearest, nop, recomputationCheckpoint, serializedMatMul, set_available_memory,
+        CPU, Attribute, MultiConv, NameScope, cond, ctc_beam_search_decoder, custom_op, dynamic_slice, dynamic_update,
+        for_loop, fps, ipu_print_tensor, nearest, nop, recomputationCheckpoint, serializedMatMul, set_available_memory,
         set_overlap_for_input, set_overlap_for_output,
     )
 
