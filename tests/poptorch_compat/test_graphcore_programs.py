@@ -20,6 +20,7 @@ from torch.testing import assert_close
 import ipuxl.compat as compat
 import ipuxl.poptorch_compat as poptorch
 from ipuxl.errors import CompatImportError
+from ipuxl.poptorch_compat.ops import register_custom_op
 
 
 @pytest.fixture
@@ -214,3 +215,41 @@ def test_octave_convolution_trains_as_eager_in_either_memory_format(monkeypatch,
         eager.step()
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         assert_close(p.detach(), q.detach(), rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_debertas_fast_gather_custom_op_runs_as_the_gather_it_optimises():
+    """optimum-graphcore's DeBERTa calls a C++ PopART op, FastGatherLastDim, on the device
+    (``poptorch.isRunningOnIpu()``) and ``torch.gather`` eagerly: registering the gather as
+    its implementation runs the model unchanged."""
+    register_custom_op("FastGatherLastDim", "poptorch.custom_ops", 1,
+                       lambda data, idx, axis: torch.gather(data, axis, idx))
+
+    class Gathering(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.fc = nn.Linear(6, 5)
+
+        def forward(self, x, idx):
+            data = self.fc(x)
+            if poptorch.isRunningOnIpu():  # as optimum's FastGatherLastDim module
+                target = torch.zeros_like(idx).to(data.dtype).requires_grad_()
+                out = poptorch.custom_op([data, idx], "FastGatherLastDim", "poptorch.custom_ops", 1,
+                                         example_outputs=[target], attributes={"axis": -1})[0]
+            else:
+                out = torch.gather(data, -1, idx)
+            return out, poptorch.identity_loss((out ** 2).mean(), "none")
+
+    model, reference = Gathering(), Gathering()
+    training = poptorch.trainingModel(model, poptorch.Options(), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    g = torch.Generator().manual_seed(3)
+    x, idx = torch.randn(4, 6, generator=g), torch.randint(0, 5, (4, 3), generator=g)
+    out, _ = training(x, idx)
+    eager_out, loss = reference(x, idx)
+    assert_close(out, eager_out.detach(), rtol=1e-5, atol=1e-6)
+    loss.backward()
+    with torch.no_grad():
+        for p in reference.parameters():
+            p -= 0.1 * p.grad
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6, msg=name)
