@@ -135,6 +135,7 @@ POPTORCH: dict[str, str | None] = {
     "poptorch._logging": "ipuxl.poptorch_compat.poptorch_logging",
     "poptorch._poplar_executor": "ipuxl.poptorch_compat.runtime.executor",
     "poptorch._dataloader": "ipuxl.poptorch_compat.dataloader",
+    "poptorch._impl": "ipuxl.poptorch_compat.wrapping",
     "poptorch.autocasting": None,
     "poptorch.distributed": None,
     "poptorch.eager": None,

@@ -35,6 +35,7 @@ changed afterwards is refused with an error, never run half-way.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
@@ -73,6 +74,18 @@ __all__ = ["Session", "DeviceType", "device_for", "CompiledGraph"]
 DeviceType = Literal["ipu_model", "cpu", "ipu_hw"]
 
 
+def _device_memory(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``method`` with ``torch.inference_mode`` off: the device's storage holds ordinary
+    tensors that its programs update in place, also when the caller is in inference mode
+    (a Lightning validation loop) and in the replicas' threads (which never are)."""
+    @functools.wraps(method)
+    def outside_inference_mode(*args: Any, **kwargs: Any) -> Any:
+        with torch.inference_mode(False):
+            return method(*args, **kwargs)
+
+    return outside_inference_mode
+
+
 def device_for(device_type: str) -> torch.device:
     """The torch device a device type runs on: ``ipu_hw`` is the fastest local one."""
     if device_type in ("ipu_model", "cpu"):
@@ -101,6 +114,7 @@ class Session:
         ...     outputs = session.run({x_stream: np.ones((2,), np.float32)})
     """
 
+    @_device_memory
     def __init__(self, ir: Ir, device_desc: DeviceType = "cpu", *,
                  storage: Mapping[Variable, torch.Tensor] | None = None):
         self.ir = ir
@@ -242,6 +256,7 @@ class Session:
     def is_attached(self) -> bool:
         return self._attached
 
+    @_device_memory
     def __enter__(self) -> "Session":
         self._enter_stack.append(self._attached)
         if not self._attached:
@@ -249,6 +264,7 @@ class Session:
             self.weights_from_host()
         return self
 
+    @_device_memory
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         was_attached = self._enter_stack.pop()
         if not was_attached:
@@ -279,6 +295,7 @@ class Session:
     def create_host_outputs(self) -> dict[DeviceToHostStream, np.ndarray]:
         return {s: np.empty(self._full_shape(s.shape), to_numpy_dtype(s.dtype)) for s in self._d2h}
 
+    @_device_memory
     def run(self, inputs: Mapping[HostToDeviceStream, Any] | None = None,
             downcast_inputs: bool = True) -> dict[DeviceToHostStream, np.ndarray]:
         """Run the main program once; each executed host load/store takes/gives its stream's next slice.
@@ -538,6 +555,7 @@ class Session:
         attr, storage = self._variables.bind(tensor, given)
         setattr(self._program, attr, storage)
 
+    @_device_memory
     def weights_to_host(self) -> None:
         """Copy every variable from the device to its host buffer.
 
@@ -551,6 +569,7 @@ class Session:
         self._variables.to_host()
         self._host_in_sync = True
 
+    @_device_memory
     def weights_from_host(self) -> None:
         """Copy every variable's host buffer to the device (each replica its row)."""
         self._require_attached("weights_from_host")
@@ -576,6 +595,7 @@ class Session:
         """Set a variable's value (host buffer, and the device too when attached)."""
         self.write_variables_data({tensor: data})
 
+    @_device_memory
     def write_variables_data(self, tensors: Mapping[Variable, Any]) -> None:
         """Set several variables; all entries are checked before any is written."""
         arrays = {tensor: self._variables.checked_data(tensor, data) for tensor, data in tensors.items()}

@@ -1,17 +1,40 @@
-"""The few PopART names Graphcore's PopXL and PopTorch programs use (``import popart``).
+"""The PopART names Graphcore's PopXL and PopTorch programs use (``import popart``).
 
 Programs written for PopXL import ``popart`` for its version string (which they log)
-and PopART's ``SessionOptions`` fields they set through ``ir._pb_ir``; those are here.
-PopART's graph-building API is not: ipuxl builds graphs with PopXL's. ``popart._internal``
+and PopART's ``SessionOptions`` fields they set through ``ir._pb_ir``. PopTorch
+programs import it for the enums they pass to ``poptorch.Options._Popart.set``
+(``int(popart.AccumulateOuterFragmentSchedule.OverlapMemoryOptimized)``...) and for
+``popart.SessionOptions`` settings; those are here (``enums``: PopART's members and
+values). PopART's graph-building and session API (``Builder``, ``TrainingSession``,
+``DeviceManager``...) is not: ipuxl builds graphs with PopXL's. Reading one of its names
+raises ``CompatImportError`` (a ModuleNotFoundError) naming it, and ``popart._internal``
 (PopART's C++ IR, which some programs and tests inspect directly) cannot exist on a
-reimplementation, and importing it raises ``CompatImportError`` (a ModuleNotFoundError).
+reimplementation: importing it raises the same error.
 """
 from __future__ import annotations
 
-from ipuxl.errors import PopartException as popart_exception  # noqa: N813 - PopART's name
-from ipuxl.ir.popart_options import SessionOptions
+from typing import NoReturn
 
-__all__ = ["versionString", "versionNumber", "SessionOptions", "__version__", "popart_exception"]
+from ipuxl.errors import CompatImportError
+from ipuxl.errors import PopartException as popart_exception  # noqa: N813 - PopART's name
+from ipuxl.ir.context import user_source_line
+from ipuxl.ir.popart_options import SessionOptions
+from ipuxl.popart_compat.enums import (
+    AccumulateOuterFragmentSchedule, BatchSerializationBatchSchedule, BatchSerializationMethod,
+    BatchSerializationTransformContext, DeviceConnectionType, ExecutionPhaseIOSchedule, ExecutionPhaseSchedule,
+    GradientTensorTrackingMethod, Instrumentation, IrSerializationFormat, MeanReductionStrategy, MergeVarUpdateType,
+    RecomputationType, ReductionType, ReplicatedTensorSharding, SubgraphCopyingStrategy, SyncPattern,
+    SyntheticDataMode, TensorStorage, TileSet, VirtualGraphMode,
+)
+
+__all__ = [
+    "versionString", "versionNumber", "SessionOptions", "__version__", "popart_exception",
+    "AccumulateOuterFragmentSchedule", "BatchSerializationBatchSchedule", "BatchSerializationMethod",
+    "BatchSerializationTransformContext", "DeviceConnectionType", "ExecutionPhaseIOSchedule", "ExecutionPhaseSchedule",
+    "GradientTensorTrackingMethod", "Instrumentation", "IrSerializationFormat", "MeanReductionStrategy",
+    "MergeVarUpdateType", "RecomputationType", "ReductionType", "ReplicatedTensorSharding", "SubgraphCopyingStrategy",
+    "SyncPattern", "SyntheticDataMode", "TensorStorage", "TileSet", "VirtualGraphMode",
+]
 
 #: The PopART release whose PopXL API ipuxl reproduces (Poplar SDK 3.3).
 __version__ = "3.3.0"
@@ -26,3 +49,17 @@ def versionNumber() -> tuple[int, int, int]:  # noqa: N802
     """PopART's version as ``(major, minor, patch)``."""
     major, minor, patch = (int(part) for part in __version__.split("."))
     return major, minor, patch
+
+
+def __getattr__(name: str) -> NoReturn:
+    """Any other public PopART name: ``CompatImportError`` naming it (private and dunder
+    names raise ``AttributeError``, as for any module, so introspection keeps working)."""
+    if name.startswith("_"):
+        raise AttributeError(f"module 'popart' has no attribute '{name}'")
+    error = CompatImportError(f"'popart.{name}' is part of PopART but ipuxl does not provide it: ipuxl's popart "
+                              "holds only the enums and SessionOptions that PopXL and PopTorch programs pass",
+                              where=user_source_line(),
+                              fix="build graphs with PopXL (import popxl) or PopTorch, or remove the use of "
+                                  f"popart.{name}")
+    error.name = f"popart.{name}"
+    raise error

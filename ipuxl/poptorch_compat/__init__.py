@@ -66,8 +66,8 @@ if TYPE_CHECKING:
     )
     from ipuxl.poptorch_compat.poptorch_logging import logger, setLogLevel
     from ipuxl.poptorch_compat.ops import (
-        CPU, MultiConv, NameScope, cond, ctc_beam_search_decoder, custom_op, dynamic_slice, dynamic_update, for_loop,
-        fps, ipu_print_tensor, nearest, nop, recomputationCheckpoint, serializedMatMul, set_available_memory,
+        CPU, Attribute, MultiConv, NameScope, cond, ctc_beam_search_decoder, custom_op, dynamic_slice, dynamic_update,
+        for_loop, fps, ipu_print_tensor, nearest, nop, recomputationCheckpoint, serializedMatMul, set_available_memory,
         set_overlap_for_input, set_overlap_for_output,
     )
 
@@ -108,6 +108,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "hasMlirSupportOnPlatform": ("ipuxl.poptorch_compat.hardware", "hasMlirSupportOnPlatform"),
     "createPoptorchError": ("ipuxl.poptorch_compat.poptorch_core", "createPoptorchError"),
     "CPU": ("ipuxl.poptorch_compat.ops", "CPU"),
+    "Attribute": ("ipuxl.poptorch_compat.ops", "Attribute"),
     "custom_op": ("ipuxl.poptorch_compat.ops", "custom_op"),
     "ctc_beam_search_decoder": ("ipuxl.poptorch_compat.ops", "ctc_beam_search_decoder"),
     "fps": ("ipuxl.poptorch_compat.ops", "fps"),

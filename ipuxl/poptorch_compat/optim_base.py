@@ -84,9 +84,24 @@ def number(value: Any) -> float:
 
 
 # -- extras: validation and bookkeeping ----------------------------------------------
+#: PopTorch's optimiser extras whose ``None`` stands for a default (upstream's constructors
+#: replace ``None`` by these: ``loss_scaling=None`` is no loss scaling, an accumulator
+#: type ``None`` is float32)
+NONE_MEANS: dict[str, Any] = {
+    "loss_scaling": 1.0, "velocity_scaling": 1.0, "use_combined_accum": False, "bias_correction": True,
+    "use_tf_variant": False, "accum_type": torch.float32, "velocity_accum_type": torch.float32,
+    "first_order_momentum_accum_type": torch.float32, "second_order_momentum_accum_type": torch.float32,
+}
+
+
+def upstream_defaults(extras: dict[str, Any]) -> dict[str, Any]:
+    """``extras`` with each ``None`` that upstream reads as a default replaced by it (``NONE_MEANS``)."""
+    return {k: NONE_MEANS[k] if v is None and k in NONE_MEANS else v for k, v in extras.items()}
+
+
 def _check_dtype(name: str, value: Any) -> None:
     if value is not None and value not in _ACCUM_DTYPES:
-        raise _error(f"{name} must be torch.float16 or torch.float32 (or None: the weight's dtype), got {value!r}",
+        raise _error(f"{name} must be torch.float16 or torch.float32 (or None: float32), got {value!r}",
                      f"pass {name}=torch.float16 or torch.float32")
 
 
@@ -204,6 +219,7 @@ class Optimizer(_MixinBase):
     _torch_base: type[torch.optim.Optimizer] | None = None
 
     def _set_extras(self, extras: dict[str, Any]) -> None:
+        extras = upstream_defaults(extras)
         check_extras(type(self).__name__, extras)
         self._ipuxl_extras = dict(extras)
 
@@ -224,6 +240,7 @@ class Optimizer(_MixinBase):
             return
         if name == "max_weight_norm" and value is None:
             value = LAMB_MAX_WEIGHT_NORM
+        value = upstream_defaults({name: value})[name]
         check_extras(type(self).__name__, {name: value})
         extras[name] = value
         self.defaults[name] = value

@@ -114,7 +114,7 @@ def _documented_names(status_filter) -> list[str]:
     for row in section.splitlines():
         cells = [c.strip() for c in row.strip().strip("|").split("|")]
         if len(cells) < 2 or cells[0] in ("name", "---") or not status_filter(cells[1]) \
-                or cells[0].startswith(("capture:", "random ops")):  # behaviours, not names
+                or cells[0].startswith(("capture:", "random ops", "module ")):  # behaviours, submodules
             continue
         for code in re.findall(r"`([^`]+)`", cells[0]):
             name = re.match(r"[A-Za-z_]\w*", code)

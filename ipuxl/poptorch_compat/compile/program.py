@@ -398,12 +398,20 @@ def _apply_optimizer(program: Program, plans: list[ParamPlan], grads: dict[str, 
                      inputs: dict[Variable, Tensor]) -> None:
     """Each trained parameter's update rule on the mean gradient (loss scaling divided
     out, then clipped to the optimiser's ``max_grad_norm``), on the step graph's inputs
-    of its weight, state and learning-rate variables."""
+    of its weight, state and learning-rate variables.
+
+    PopART's numerics for a float16 weight with float32 optimiser state (PopTorch's
+    default accumulator types): the gradient is cast to float32 *before* the loss
+    scaling is divided out, so the rule computes the moments and the update term in
+    float32 (``_optimizer_dtype``); only the weight update itself is float16."""
     mean: dict[str, Tensor] = {}
     scale = _gradient_scale(program, plans, divisor, inputs)
     for plan in plans:
         if plan.name in grads:
             grad = grads[plan.name]
+            dtype = _optimizer_dtype(program, plan, grad)
+            if grad.spec.dtype != dtype:
+                grad = cast(grad, dtype)
             mean[plan.name] = grad if isinstance(scale, float) and scale == 1.0 else grad * _as_dtype(scale, grad)
     if plans:
         mean = dict(zip(mean, clip_grad_norm(list(mean.values()), plans[0].max_grad_norm)))
@@ -414,6 +422,16 @@ def _apply_optimizer(program: Program, plans: list[ParamPlan], grads: dict[str, 
                   for k, v in plan.hypers.items()}
         states = {state: inputs[var] for (name, state), var in program.states.items() if name == plan.name}
         RULES[plan.rule](inputs[program.params[plan.name]], mean[plan.name], **states, **hypers, **plan.flags)
+
+
+def _optimizer_dtype(program: Program, plan: ParamPlan, grad: Tensor) -> torch.dtype:
+    """The dtype the optimiser receives ``plan``'s gradient in: the widest of the gradient's
+    and its optimiser states' (the moments, momentum or square averages; not ``step``)."""
+    dtype = grad.spec.dtype
+    for (name, state), var in program.states.items():
+        if name == plan.name and state != "step" and var.spec.dtype.is_floating_point:
+            dtype = torch.promote_types(dtype, var.spec.dtype)
+    return dtype
 
 
 def _gradient_scale(program: Program, plans: list[ParamPlan], divisor: int,

@@ -2,7 +2,7 @@
 
 ``nop``, ``recomputationCheckpoint``, ``serializedMatMul`` (the product is
 ``torch.matmul``'s), ``set_available_memory``, ``set_overlap_for_input`` /
-``set_overlap_for_output``, and the scopes ``MultiConv`` and ``NameScope``.
+``set_overlap_for_output``, and the scopes ``MultiConv``, ``NameScope`` and ``Attribute``.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from ipuxl.poptorch_compat.enums import MatMulSerializationMode, MultiConvPlanTy
 from ipuxl.poptorch_compat.ops.arguments import bad_arg, check_tensor
 
 __all__ = [
-    "Attribute", "nop", "recomputationCheckpoint", "serializedMatMul", "set_available_memory", "set_overlap_for_input",
-    "set_overlap_for_output", "MultiConv", "NameScope",
+    "nop", "recomputationCheckpoint", "serializedMatMul", "set_available_memory", "set_overlap_for_input",
+    "set_overlap_for_output", "MultiConv", "NameScope", "Attribute",
 ]
 
 
@@ -187,22 +187,6 @@ class MultiConv:
         return None
 
 
-class Attribute:
-    """Attach PopART attributes (``__outline={...}``, ``available_memory_proportion``...) to
-    the ops made inside ``with Attribute(**attributes):``. No effect on a simulated device
-    (ipuxl's ops carry no PopART attributes); the names are checked as upstream's keyword
-    arguments."""
-
-    def __init__(self, **attributes: Any):
-        self.attributes = dict(attributes)
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
 class NameScope:
     """Prefix the names of the ops made inside ``with NameScope(name):``. No effect on a simulated
     device (ipuxl's op names come from the traced graph)."""
@@ -217,3 +201,33 @@ class NameScope:
 
     def __exit__(self, *exc: Any) -> None:
         return None
+
+
+class Attribute:
+    """Set PopART attributes (``__outline``, ``__recompute``...) on the ops made inside
+    ``with Attribute(**{attr: {key: value}}):``. Scopes nest: an inner one adds or overrides
+    keys and the outer values come back on exit (``Attribute.current()``). No effect on a
+    simulated device: the attributes steer PopART's outlining and scheduling."""
+
+    _current: dict[str, dict[str, Any]] = {}
+
+    def __init__(self, **kwargs: dict[str, Any]):
+        for attr, values in kwargs.items():
+            if not isinstance(values, dict):
+                raise bad_arg(f"Attribute {attr!r} must be given a dict of values, got {type(values).__name__}",
+                              f"pass {attr}={{key: value}}")
+        self._kwargs = kwargs
+        self._saved: dict[str, dict[str, Any]] = {}
+
+    @classmethod
+    def current(cls) -> dict[str, dict[str, Any]]:
+        """The attributes in force, by attribute then key."""
+        return {attr: dict(values) for attr, values in cls._current.items()}
+
+    def __enter__(self) -> None:
+        self._saved = Attribute.current()
+        for attr, values in self._kwargs.items():
+            Attribute._current.setdefault(attr, {}).update(values)
+
+    def __exit__(self, *exc: Any) -> None:
+        Attribute._current = self._saved

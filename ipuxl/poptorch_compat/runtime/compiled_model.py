@@ -135,6 +135,7 @@ class CompiledModel:
         self.compile_count = 0
         self._seed = _initial_seed(self.options)
         self._seed_dirty = False  # rng_state set while detached: written on attach
+        self._hypers_pending = False  # setOptimizer's values set while detached: written on attach
         self._times: CallTimes | None = None  # the last call's timestamps (getPerfCounters)
         self._example: Any = None  # the compiled call's input specs (save)
         self._anchored: dict[str, torch.Tensor] = {}  # the last call's anchored tensors (getAnchoredTensor)
@@ -166,9 +167,8 @@ class CompiledModel:
         if self._channels_last:  # staged channels-last, as traced (``memory_format``); writes go to the caller's
             batch = batch._replace(stacked=split_batch(self.options, self.training,
                                                        *to_format(args, kwargs, True)).stacked)
-        if not self._sync.attached:
-            raise DetachedError(f"the {self._kind} model is detached from its device",
-                                where=user_source_line(), fix="call model.attachToDevice() before running it")
+        if not self._sync.attached:  # as PopTorch: a call attaches a detached model (host weights go to it)
+            self.attachToDevice()
         self._sync_before_run()
         compiled = self._require_compiled()  # pushing a loaded optimiser's state may have recompiled
         program = compiled.program
@@ -210,7 +210,7 @@ class CompiledModel:
             The ``Profile``: ``print`` it for the most expensive ops and their share of the calls.
 
         Raises:
-            DetachedError: the model is destroyed or detached, as when calling it.
+            DetachedError: the model is destroyed, as when calling it (a detached one attaches).
             InvalidValueError: ``runs`` or ``top`` < 1, or ``warmup`` < 0.
             UnsupportedError: more than one replica in this process (see ``Session.profile``).
 
@@ -221,8 +221,8 @@ class CompiledModel:
         refuse_offline(self.options, self._kind, "run")
         args, kwargs = canonical_call(self._model, args, kwargs)
         self._ensure_program(split_batch(self.options, self.training, args, kwargs).micro, (args, kwargs))
-        if not self._sync.attached:
-            self(*args, **kwargs)  # refused as calling a detached model is: raises
+        if not self._sync.attached:  # as calling it: a detached model attaches
+            self.attachToDevice()
         self._sync_before_run()  # a pending recompile happens now, not during the profiled calls
         session = self._require_compiled().session
         return session.profile(runs=runs, warmup=warmup, top=top, trace_path=trace_path,
@@ -436,7 +436,9 @@ class CompiledModel:
                                       "hold the new one")
             self._rebuild(states_from_optimizer=states_from_optimizer)
             return
-        self._require_attached("setOptimizer")
+        if not self._sync.attached:  # as PopTorch: the new values reach the device when it attaches again
+            self._hypers_pending = True
+            return
         program = compiled.program
         updates = hyper_values(program, plans)
         if states_from_optimizer:
@@ -459,7 +461,8 @@ class CompiledModel:
 
     # -- device ---------------------------------------------------------------------------
     def detachFromDevice(self) -> None:  # noqa: N802
-        """Copy weights to the host and release the device (calls then fail until attachToDevice)."""
+        """Copy weights to the host and release the device (the next call, or ``attachToDevice``,
+        attaches it again with the host's weights, as in PopTorch)."""
         self._require_usable("detach")
         if not self._sync.attached:
             raise DetachedError(f"the {self._kind} model is not attached to a device", where=user_source_line(),
@@ -489,6 +492,10 @@ class CompiledModel:
             self._push_optimizer()
         if self._seed_dirty:
             self._write_seed()
+        if self._hypers_pending:  # setOptimizer while detached
+            self._hypers_pending = False
+            compiled = self._require_compiled()
+            compiled.session.write_variables_data(hyper_values(compiled.program, self._sync.plans))
 
     def report(self, spec: Any = None) -> Any:
         """The compiled program's ``ipuxl.device.report.ProgramReport`` (op counts, code size with

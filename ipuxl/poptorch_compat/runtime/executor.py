@@ -67,6 +67,18 @@ def inferenceModel(model: torch.nn.Module, options: Options | None = None) -> "P
 class PoplarExecutor(CompiledModel):
     """A module compiled for the device; call it like the module (see ``trainingModel``)."""
 
+    # -- upstream attributes read by clients (PyTorch Lightning's IPUStrategy...) ----------------
+    @property
+    def _options(self) -> Options:
+        """The model's ``poptorch.Options`` (upstream's attribute; ``options`` here too)."""
+        return self.options
+
+    @property
+    def _executable(self) -> Any:
+        """The compiled program, None before the first compile and after ``destroy()``
+        (upstream's attribute: its C++ executable; clients test it against None)."""
+        return None if self._destroyed else self._sync.compiled
+
     # -- perf counters and latencies ---------------------------------------------------------
     def getPerfCounters(self) -> dict[str, list[list[float]]]:  # noqa: N802
         """Timestamps of the last call: ``{"input", "input_complete", "output",

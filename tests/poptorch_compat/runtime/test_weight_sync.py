@@ -161,12 +161,14 @@ def test_detach_attach_and_destroy():
     training.detachFromDevice()
     assert not training.isAttachedToDevice()
     trained = model.fc1.weight.detach().clone()
-    with pytest.raises(DetachedError, match="detached"):
-        training(x, y)
     with torch.no_grad():
-        model.fc1.weight.add_(1.0)  # attach copies the host weights to the device
+        model.fc1.weight.add_(1.0)  # attaching copies the host weights to the device
+    expected = model.fc1.weight.detach().clone()
     training.attachToDevice()
-    out, _ = training(x, y)
+    torch.testing.assert_close(model.fc1.weight.detach(), expected)
+    training.detachFromDevice()
+    out, _ = training(x, y)  # as PopTorch: calling a detached model attaches it
+    assert training.isAttachedToDevice()
     assert training.compile_count == 1
     assert (model.fc1.weight - trained).abs().min() > 0.5
     training.destroy()
