@@ -36,13 +36,13 @@ changed afterwards is refused with an error, never run half-way.
 from __future__ import annotations
 
 import functools
-import math
 import os
 from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
+from ipuxl.device import host_data
 from ipuxl.device.compiler import CompiledGraph, Compiler, replica_program
 from ipuxl.device.failures import StepFailure, step_error, transfer_in_progress
 from ipuxl.device.host_memory import keep_freed_memory
@@ -460,9 +460,7 @@ class Session:
 
     def _full_shape(self, shape: tuple[int, ...], replicas: int | None = None) -> tuple[int, ...]:
         """Host data shape: ``(num_host_transfers, replicas, *shape)`` without dims of size 1."""
-        n = self._built.steps
-        r = self._built.replicas if replicas is None else replicas
-        return tuple(d for d in (n, r) if d > 1) + tuple(shape)
+        return host_data.full_shape(shape, self._built.steps, self._built.replicas if replicas is None else replicas)
 
     def _full_input_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
         """PopXL's (private, but Graphcore's programs call it): the host data shape of a
@@ -506,43 +504,9 @@ class Session:
 
     def _replica_slice(self, stream: HostToDeviceStream, tensor: torch.Tensor) -> torch.Tensor:
         """Check the host data's shape; with replicas, keep this process's replicas."""
-        n, replicas, local = self._built.steps, self._built.replicas, self._plan.local
-        got = tuple(tensor.shape)
-        full_shape = self._full_shape(stream.shape)
-        if got != full_shape and all(d == 1 for d in stream.shape) and tensor.numel() == math.prod(full_shape):
-            # PopXL's special case: a stream of one element per slice takes data with any
-            # arrangement of size-1 dims (a scalar for a shape-(1,) stream)
-            tensor, got = tensor.reshape(full_shape), full_shape
-        if self._comm is None:
-            if got != self._full_shape(stream.shape):
-                self._raise_shape(stream, got)
-            return tensor
-        if got == self._full_shape(stream.shape):
-            full = tensor.reshape(n, replicas, *stream.shape)
-            return full[:, local[0]:local[-1] + 1] if self._plan.distributed else full
-        if self._plan.distributed and got == self._full_shape(stream.shape, len(local)):
-            return tensor.reshape(n, len(local), *stream.shape)
-        self._raise_shape(stream, got)
-        raise AssertionError("unreachable")
-
-    def _raise_shape(self, stream: HostToDeviceStream, got: tuple[int, ...]) -> None:
-        n, replicas = self._built.steps, self._built.replicas
-        expected = self._full_shape(stream.shape)
-        axis = 1 if n > 1 else 0
-        if (replicas > 1 and len(got) == len(expected)
-                and got[:axis] + got[axis + 1:] == expected[:axis] + expected[axis + 1:]):
-            local = f" (or {len(self._plan.local)} for this process's replicas)" if self._plan.distributed else ""
-            raise ReplicationError(
-                f"Session.run: input stream '{stream.name}' has replica dimension {got[axis]} (axis {axis}), "
-                f"the program has {replicas} replicas{local}: expected shape {expected}, got {got}",
-                where=f"Session of {self.ir!r}",
-                fix="give one slice per replica: (num_host_transfers, replication_factor, *stream.shape), "
-                    "each leading dim dropped when it is 1")
-        raise StreamInputError(
-            f"Session.run: input stream '{stream.name}' expects shape {expected} "
-            f"(stream shape {stream.shape}, num_host_transfers={n}, replication_factor={replicas}), got {got}",
-            fix="give (num_host_transfers, replication_factor, *stream.shape) data, each leading dim dropped "
-                "when it is 1")
+        return host_data.replica_slice(stream, tensor, steps=self._built.steps, replicas=self._built.replicas,
+                                       local=self._plan.local, distributed=self._plan.distributed,
+                                       replicated=self._comm is not None, where=f"Session of {self.ir!r}")
 
     def _to_host(self, tensor: torch.Tensor, stream: DeviceToHostStream) -> np.ndarray:
         array = tensor.detach().to("cpu", torch.float32 if tensor.dtype == torch.bfloat16 else tensor.dtype).numpy()

@@ -112,10 +112,10 @@ def test_session_profile_runs_are_real_runs_and_label_every_graph(tmp_path):
     assert_close(torch.tensor(normal.get_tensor_data(ref_w)), _eager(w0, v0, xs, runs=4)[1])
 
     matmul = _row(profile, ": matmul", _line("# the profiled matmul"))
-    assert matmul.name.startswith("_program_lin_subgraph(")  # the graph it was built in
+    assert matmul.name.startswith("_program.lin_subgraph(")  # the graph it was built in
     assert matmul.calls == 2 * STEPS * 2  # two call sites, STEPS steps, 2 profiled runs
     assert _row(profile, "halve_subgraph(", ": mul").calls == 2 * STEPS * 2  # the loop runs twice a step
-    assert _row(profile, "main_graph: repeat _program_step_subgraph(").calls == 2
+    assert _row(profile, "main_graph: repeat _program.step_subgraph(").calls == 2
     assert _row(profile, HOST).calls == 2
     _assert_shares_add_up(profile)
 
@@ -153,7 +153,7 @@ def test_session_profile_is_refused_as_run_is():
     w0, v0, xs = _data()
     ir, x_stream, _, _ = _program(w0, v0)
     session = ipuxl.Session(ir, "cpu")
-    with pytest.raises(DetachedError, match="Session.profile needs the session attached"):
+    with pytest.raises(DetachedError, match="Must be attached to device before calling a runtime function \(Session.profile\)"):
         session.profile({x_stream: xs})
     with session:
         with pytest.raises(InvalidValueError, match="runs must be an int >= 1, got 0"):
