@@ -5,7 +5,10 @@ Tracing each copy inline makes capture time and graph size grow with N; instead:
 
 1. ``outline_candidates`` finds the outermost submodules that have a structurally
    identical sibling (same class, plain attributes, parameter/buffer specs and
-   children; see ``_structure``).
+   children; see ``_structure``). torch's own layers without submodules (``Conv2d``,
+   ``BatchNorm2d``, ``ReLU``...) are not candidates: each is one functional call,
+   a graph call of its own cannot save anything, and tracing each kind alone cost
+   ResNet-50's first call 33 extra traces.
 2. While the model is traced, ``outlined_blocks`` routes each candidate's forward
    through its kind's ``OutlinedBlock``: a call of the block's own trace (an
    ``ipuxl::call_graph`` node). The first run of a kind not traced yet raises
@@ -148,9 +151,15 @@ def outline_candidates(root: torch.nn.Module) -> Candidates:
     for key in keys.values():
         if key is not None:
             counts[key] = counts.get(key, 0) + 1
-    repeated = {name: m for name, m in named if keys[m] is not None and counts[keys[m]] > 1}
+    repeated = {name: m for name, m in named
+                if keys[m] is not None and counts[keys[m]] > 1 and not _torch_layer(m)}
     return {m: (keys[m], counts[keys[m]]) for name, m in repeated.items()
             if not any(name.startswith(other + ".") for other in repeated)}
+
+
+def _torch_layer(module: torch.nn.Module) -> bool:
+    """One of torch's own layers without submodules (one functional call: never worth a graph)."""
+    return not module._modules and type(module).__module__.startswith("torch.nn.")
 
 
 @contextlib.contextmanager

@@ -196,6 +196,37 @@ def test_each_kind_of_block_is_traced_once_whatever_the_depth(discovery, monkeyp
     assert not inlined.blocks and _aten_nodes(inlined) > 9 * 5
 
 
+def test_torch_layers_are_never_traced_as_blocks(monkeypatch):
+    """Identical sibling ``Linear``/``BatchNorm1d``/``ReLU`` layers (one functional call each) are
+    traced inline, not each kind alone first; a repeated block of them still is a block."""
+    import ipuxl.capture.trace as trace_mod
+
+    class Layers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, WIDTH)
+            self.bn1, self.bn2 = nn.BatchNorm1d(WIDTH), nn.BatchNorm1d(WIDTH)
+            self.act1, self.act2 = nn.ReLU(), nn.ReLU()
+            self.blocks = nn.Sequential(*[MLPBlock(0.0) for _ in range(3)])
+            self.head = nn.Linear(WIDTH, 3)
+
+        def forward(self, x, y):
+            h = self.act2(self.bn2(self.fc2(self.act1(self.bn1(self.fc1(x))))))
+            out = self.head(self.blocks(h))
+            return out, F.cross_entropy(out, y)
+
+    traced_modules = []
+    real_trace = trace_mod._trace
+    monkeypatch.setattr(trace_mod, "_trace", lambda module, *a, **k: traced_modules.append(type(module).__name__)
+                        or real_trace(module, *a, **k))
+    torch.manual_seed(4)
+    net = Layers()
+    traced = _trace(net)
+    assert sorted(traced_modules) == ["Layers", "MLPBlock"]
+    assert [b.traced.name for b in traced.blocks] == ["MLPBlock"]
+    _check_one_sgd_step(net, *_data(BATCH, 7))
+
+
 def test_blocks_that_differ_in_an_attribute_get_graphs_of_their_own():
     torch.manual_seed(2)
     net = Stack([Scaled(0.5), Scaled(0.25), Scaled(0.5), Scaled(0.25), Scaled(0.5), Scaled(0.25)], head_dropout=0.0)
