@@ -13,7 +13,7 @@ Tracing each copy inline makes capture time and graph size grow with N; instead:
    through its kind's ``OutlinedBlock``: a call of the block's own trace (an
    ``ipuxl::call_graph`` node). The first run of a kind not traced yet raises
    ``NeedBlock``; the tracer traces that block alone and starts again.
-   ``discover_blocks`` finds most kinds up front by running the model on meta
+   ``discover_blocks`` finds most kinds up front by running the model once on fake
    tensors, so the model's trace rarely restarts.
 3. ``outline_block`` keeps a block's trace only when calling it pays
    (``MIN_BLOCK_OPS``, ``ipuxl.ir.calls.MIN_SAVINGS``) and changes nothing the model
@@ -163,10 +163,13 @@ def _torch_layer(module: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def outlined_blocks(candidates: Candidates, blocks: Blocks) -> Iterator[None]:
-    """Route each candidate's forward through its traced block while tracing the model."""
+def outlined_blocks(candidates: Candidates, blocks: Blocks, found: dict[Any, NeedBlock] | None = None,
+                    ) -> Iterator[None]:
+    """Route each candidate's forward through its traced block while tracing the model.
+    With ``found``, a run of a kind not traced yet runs inline and is recorded there (first run
+    of each kind) instead of raising ``NeedBlock``."""
     for module, (structure, _) in candidates.items():
-        vars(module)["forward"] = _block_forward(module, structure, blocks)
+        vars(module)["forward"] = _block_forward(module, structure, blocks, found)
     try:
         yield
     finally:
@@ -174,7 +177,8 @@ def outlined_blocks(candidates: Candidates, blocks: Blocks) -> Iterator[None]:
             vars(module).pop("forward", None)
 
 
-def _block_forward(module: torch.nn.Module, structure: Any, blocks: Blocks) -> Callable:
+def _block_forward(module: torch.nn.Module, structure: Any, blocks: Blocks,
+                   found: dict[Any, NeedBlock] | None) -> Callable:
     original = type(module).forward.__get__(module)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
@@ -182,7 +186,10 @@ def _block_forward(module: torch.nn.Module, structure: Any, blocks: Blocks) -> C
         key = (structure, str(call.spec), tuple(v for _, v in call.static_leaves()),
                tuple((tuple(t.shape), t.dtype, _layout(t)) for t in call.tensors()))
         if key not in blocks:
-            raise NeedBlock(key, module, args, kwargs)
+            if found is None:
+                raise NeedBlock(key, module, args, kwargs)
+            found.setdefault(key, NeedBlock(key, module, args, kwargs))
+            return original(*args, **kwargs)
         block = blocks[key]
         if block is None:
             return original(*args, **kwargs)
@@ -200,24 +207,30 @@ def discover_blocks(module: torch.nn.Module, args: tuple, kwargs: dict | None,
                     candidates: Candidates, blocks: Blocks, trace_block: Callable[[NeedBlock], OutlinedBlock | None],
                     ) -> None:
     """Find the kinds of blocks the model runs, and trace each alone (``trace_block``), by
-    running the model on meta tensors (no tracing, so cheap); the model's trace then meets
-    known blocks only. Anything meta tensors cannot run leaves the rest to the tracer's retries."""
-    def meta(value: Any) -> Any:
-        return torch.empty(value.shape, dtype=value.dtype, device="meta") if isinstance(value, torch.Tensor) else value
+    running the model once on fake tensors (no tracing, so cheap; blocks run inline) and
+    recording each kind's first run; the model's trace then meets known blocks only. Fake CPU
+    tensors, not meta ones: their ops give the strides the trace will see (meta convolutions
+    return NCHW for channels-last inputs, and a block's key includes its inputs' strides).
+    Anything fake tensors cannot run leaves the rest to the tracer's retries."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    state = {name: meta(t) for name, t in [*module.named_parameters(), *module.named_buffers()]}
-    meta_args, meta_kwargs = pytree.tree_map(meta, (tuple(args), dict(kwargs or {})))
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def fake(value: Any) -> Any:
+        return fake_mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
+
+    found: dict[Any, NeedBlock] = {}
     try:
-        for _ in range(len(candidates) + 1):
-            mode = CaptureMode(torch.zeros(SEED_SHAPE, dtype=SEED_DTYPE, device="meta"))
-            try:
-                with torch.no_grad(), capturing(mode), outlined_blocks(candidates, blocks):
-                    torch.func.functional_call(module, state, meta_args, meta_kwargs, tie_weights=True, strict=False)
-                return
-            except NeedBlock as need:
-                blocks[need.key] = trace_block(need)
-    except Exception:  # noqa: BLE001 - an op without a meta kernel, data-dependent code...: trace instead
-        return
+        state = {name: fake(t.detach()) for name, t in [*module.named_parameters(), *module.named_buffers()]}
+        fake_args, fake_kwargs = pytree.tree_map(fake, (tuple(args), dict(kwargs or {})))
+        with torch.no_grad(), fake_mode:
+            mode = CaptureMode(torch.zeros(SEED_SHAPE, dtype=SEED_DTYPE))
+            with capturing(mode), outlined_blocks(candidates, blocks, found):
+                torch.func.functional_call(module, state, fake_args, fake_kwargs, tie_weights=True, strict=False)
+    except Exception:  # noqa: BLE001 - an op without a fake kernel, data-dependent code...: the trace retries
+        pass
+    for key, need in found.items():  # the kinds met before any failure
+        blocks[key] = trace_block(need)
 
 
 def outline_block(traced: TracedModule, copies: int) -> OutlinedBlock | None:

@@ -196,6 +196,45 @@ def test_each_kind_of_block_is_traced_once_whatever_the_depth(discovery, monkeyp
     assert not inlined.blocks and _aten_nodes(inlined) > 9 * 5
 
 
+class ConvBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(WIDTH, WIDTH, 1), nn.Conv2d(WIDTH, WIDTH, 3, padding=1)
+
+    def forward(self, x):
+        return x + self.conv2(torch.relu(self.conv1(x))) * 0.5
+
+
+class ConvStack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.Sequential(*[ConvBlock() for _ in range(4)])
+        self.head = nn.Linear(WIDTH, 3)
+
+    def forward(self, x, y):
+        out = self.head(self.blocks(x).mean((2, 3)))
+        return out, F.cross_entropy(out, y)
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=["nchw", "channels-last"])
+def test_discovery_finds_blocks_in_the_layout_the_trace_meets(monkeypatch, memory_format):
+    """Discovery runs on fake CPU tensors, whose convolutions keep channels-last as the trace's
+    do: the model is traced once after its one kind of block (no restart)."""
+    import ipuxl.capture.trace as trace_mod
+
+    traced_modules = []
+    real_trace = trace_mod._trace
+    monkeypatch.setattr(trace_mod, "_trace", lambda module, *a, **k: traced_modules.append(type(module).__name__)
+                        or real_trace(module, *a, **k))
+    torch.manual_seed(5)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(BATCH, WIDTH, 6, 6, generator=g).contiguous(memory_format=memory_format)
+    y = torch.randint(0, 3, (BATCH,), generator=g)
+    traced = trace_module(ConvStack(), (x, y), training=True, need_loss=True, outline=True)
+    assert traced_modules == ["ConvBlock", "ConvStack"]
+    assert sum(map(is_call_graph_node, traced.gm.graph.nodes)) == 4
+
+
 def test_torch_layers_are_never_traced_as_blocks(monkeypatch):
     """Identical sibling ``Linear``/``BatchNorm1d``/``ReLU`` layers (one functional call each) are
     traced inline, not each kind alone first; a repeated block of them still is a block."""
