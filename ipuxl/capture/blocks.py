@@ -90,6 +90,7 @@ class NeedBlock(Exception):
     def __init__(self, key: Any, module: torch.nn.Module, args: tuple, kwargs: dict):
         super().__init__(type(module).__name__)
         self.key, self.module, self.args, self.kwargs = key, module, args, kwargs
+        self.runs = 0  # how many runs of this kind ``discover_blocks`` met (0: not known)
 
 
 # {candidate module: (structure key, number of instances)}; {block key: its trace, or None: inline}
@@ -188,7 +189,7 @@ def _block_forward(module: torch.nn.Module, structure: Any, blocks: Blocks,
         if key not in blocks:
             if found is None:
                 raise NeedBlock(key, module, args, kwargs)
-            found.setdefault(key, NeedBlock(key, module, args, kwargs))
+            found.setdefault(key, NeedBlock(key, module, args, kwargs)).runs += 1
             return original(*args, **kwargs)
         block = blocks[key]
         if block is None:
@@ -208,7 +209,8 @@ def discover_blocks(module: torch.nn.Module, args: tuple, kwargs: dict | None,
                     ) -> None:
     """Find the kinds of blocks the model runs, and trace each alone (``trace_block``), by
     running the model once on fake tensors (no tracing, so cheap; blocks run inline) and
-    recording each kind's first run; the model's trace then meets known blocks only. Fake CPU
+    recording each kind's first run and how often it runs (a kind run once stays inline,
+    untraced); the model's trace then meets known blocks only. Fake CPU
     tensors, not meta ones: their ops give the strides the trace will see (meta convolutions
     return NCHW for channels-last inputs, and a block's key includes its inputs' strides).
     Anything fake tensors cannot run leaves the rest to the tracer's retries."""
@@ -220,6 +222,7 @@ def discover_blocks(module: torch.nn.Module, args: tuple, kwargs: dict | None,
         return fake_mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
 
     found: dict[Any, NeedBlock] = {}
+    complete = False
     try:
         state = {name: fake(t.detach()) for name, t in [*module.named_parameters(), *module.named_buffers()]}
         fake_args, fake_kwargs = pytree.tree_map(fake, (tuple(args), dict(kwargs or {})))
@@ -227,10 +230,12 @@ def discover_blocks(module: torch.nn.Module, args: tuple, kwargs: dict | None,
             mode = CaptureMode(torch.zeros(SEED_SHAPE, dtype=SEED_DTYPE))
             with capturing(mode), outlined_blocks(candidates, blocks, found):
                 torch.func.functional_call(module, state, fake_args, fake_kwargs, tie_weights=True, strict=False)
+        complete = True
     except Exception:  # noqa: BLE001 - an op without a fake kernel, data-dependent code...: the trace retries
         pass
-    for key, need in found.items():  # the kinds met before any failure
-        blocks[key] = trace_block(need)
+    for key, need in found.items():  # the kinds met (before any failure)
+        # a kind the whole run met once (alike modules run on other shapes: DenseNet's layers) stays inline
+        blocks[key] = trace_block(need) if need.runs > 1 or not complete else None
 
 
 def outline_block(traced: TracedModule, copies: int) -> OutlinedBlock | None:

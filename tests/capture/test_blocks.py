@@ -235,6 +235,35 @@ def test_discovery_finds_blocks_in_the_layout_the_trace_meets(monkeypatch, memor
     assert sum(map(is_call_graph_node, traced.gm.graph.nodes)) == 4
 
 
+def test_alike_blocks_run_once_each_on_other_shapes_stay_inline(monkeypatch):
+    """Two alike blocks, one run before and one after a pooling (DenseNet's layers across its
+    dense blocks): discovery sees each kind run once, so neither is traced alone or called."""
+    import ipuxl.capture.trace as trace_mod
+
+    class TwoScales(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fine, self.coarse = ConvBlock(), ConvBlock()
+            self.head = nn.Linear(WIDTH, 3)
+
+        def forward(self, x, y):
+            h = self.coarse(F.avg_pool2d(self.fine(x), 2))
+            out = self.head(h.mean((2, 3)))
+            return out, F.cross_entropy(out, y)
+
+    traced_modules = []
+    real_trace = trace_mod._trace
+    monkeypatch.setattr(trace_mod, "_trace", lambda module, *a, **k: traced_modules.append(type(module).__name__)
+                        or real_trace(module, *a, **k))
+    torch.manual_seed(6)
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.randn(BATCH, WIDTH, 6, 6, generator=g), torch.randint(0, 3, (BATCH,), generator=g)
+    net = TwoScales()
+    traced = trace_module(net, (x, y), training=True, need_loss=True, outline=True)
+    assert traced_modules == ["TwoScales"] and not traced.blocks
+    _check_one_sgd_step(net, x, y)
+
+
 def test_torch_layers_are_never_traced_as_blocks(monkeypatch):
     """Identical sibling ``Linear``/``BatchNorm1d``/``ReLU`` layers (one functional call each) are
     traced inline, not each kind alone first; a repeated block of them still is a block."""
