@@ -11,8 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# A captured model's memory format is chosen by timing eager steps (poptorch_compat.compile.memory_format),
-# so it could change with the machine's load; tests fix it to NCHW unless they set it themselves
+# A captured model's memory format follows a rule on its convolutions (poptorch_compat.compile.memory_format);
+# tests compare with eager NCHW, so they fix it to NCHW unless they set it themselves
 # (tests/poptorch_compat/compile/test_memory_format.py). IPUXL_CHANNELS_LAST=1 runs the suite channels-last.
 os.environ.setdefault("IPUXL_CHANNELS_LAST", "0")
 

@@ -5,12 +5,15 @@ Tracing each copy inline makes capture time and graph size grow with N; instead:
 
 1. ``outline_candidates`` finds the outermost submodules that have a structurally
    identical sibling (same class, plain attributes, parameter/buffer specs and
-   children; see ``_structure``).
+   children; see ``_structure``). torch's own layers without submodules (``Conv2d``,
+   ``BatchNorm2d``, ``ReLU``...) are not candidates: each is one functional call,
+   a graph call of its own cannot save anything, and tracing each kind alone cost
+   ResNet-50's first call 33 extra traces.
 2. While the model is traced, ``outlined_blocks`` routes each candidate's forward
    through its kind's ``OutlinedBlock``: a call of the block's own trace (an
    ``ipuxl::call_graph`` node). The first run of a kind not traced yet raises
    ``NeedBlock``; the tracer traces that block alone and starts again.
-   ``discover_blocks`` finds most kinds up front by running the model on meta
+   ``discover_blocks`` finds most kinds up front by running the model once on fake
    tensors, so the model's trace rarely restarts.
 3. ``outline_block`` keeps a block's trace only when calling it pays
    (``MIN_BLOCK_OPS``, ``ipuxl.ir.calls.MIN_SAVINGS``) and changes nothing the model
@@ -87,6 +90,7 @@ class NeedBlock(Exception):
     def __init__(self, key: Any, module: torch.nn.Module, args: tuple, kwargs: dict):
         super().__init__(type(module).__name__)
         self.key, self.module, self.args, self.kwargs = key, module, args, kwargs
+        self.runs = 0  # how many runs of this kind ``discover_blocks`` met (0: not known)
 
 
 # {candidate module: (structure key, number of instances)}; {block key: its trace, or None: inline}
@@ -148,16 +152,25 @@ def outline_candidates(root: torch.nn.Module) -> Candidates:
     for key in keys.values():
         if key is not None:
             counts[key] = counts.get(key, 0) + 1
-    repeated = {name: m for name, m in named if keys[m] is not None and counts[keys[m]] > 1}
+    repeated = {name: m for name, m in named
+                if keys[m] is not None and counts[keys[m]] > 1 and not _torch_layer(m)}
     return {m: (keys[m], counts[keys[m]]) for name, m in repeated.items()
             if not any(name.startswith(other + ".") for other in repeated)}
 
 
+def _torch_layer(module: torch.nn.Module) -> bool:
+    """One of torch's own layers without submodules (one functional call: never worth a graph)."""
+    return not module._modules and type(module).__module__.startswith("torch.nn.")
+
+
 @contextlib.contextmanager
-def outlined_blocks(candidates: Candidates, blocks: Blocks) -> Iterator[None]:
-    """Route each candidate's forward through its traced block while tracing the model."""
+def outlined_blocks(candidates: Candidates, blocks: Blocks, found: dict[Any, NeedBlock] | None = None,
+                    ) -> Iterator[None]:
+    """Route each candidate's forward through its traced block while tracing the model.
+    With ``found``, a run of a kind not traced yet runs inline and is recorded there (first run
+    of each kind) instead of raising ``NeedBlock``."""
     for module, (structure, _) in candidates.items():
-        vars(module)["forward"] = _block_forward(module, structure, blocks)
+        vars(module)["forward"] = _block_forward(module, structure, blocks, found)
     try:
         yield
     finally:
@@ -165,7 +178,8 @@ def outlined_blocks(candidates: Candidates, blocks: Blocks) -> Iterator[None]:
             vars(module).pop("forward", None)
 
 
-def _block_forward(module: torch.nn.Module, structure: Any, blocks: Blocks) -> Callable:
+def _block_forward(module: torch.nn.Module, structure: Any, blocks: Blocks,
+                   found: dict[Any, NeedBlock] | None) -> Callable:
     original = type(module).forward.__get__(module)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
@@ -173,7 +187,10 @@ def _block_forward(module: torch.nn.Module, structure: Any, blocks: Blocks) -> C
         key = (structure, str(call.spec), tuple(v for _, v in call.static_leaves()),
                tuple((tuple(t.shape), t.dtype, _layout(t)) for t in call.tensors()))
         if key not in blocks:
-            raise NeedBlock(key, module, args, kwargs)
+            if found is None:
+                raise NeedBlock(key, module, args, kwargs)
+            found.setdefault(key, NeedBlock(key, module, args, kwargs)).runs += 1
+            return original(*args, **kwargs)
         block = blocks[key]
         if block is None:
             return original(*args, **kwargs)
@@ -191,24 +208,34 @@ def discover_blocks(module: torch.nn.Module, args: tuple, kwargs: dict | None,
                     candidates: Candidates, blocks: Blocks, trace_block: Callable[[NeedBlock], OutlinedBlock | None],
                     ) -> None:
     """Find the kinds of blocks the model runs, and trace each alone (``trace_block``), by
-    running the model on meta tensors (no tracing, so cheap); the model's trace then meets
-    known blocks only. Anything meta tensors cannot run leaves the rest to the tracer's retries."""
-    def meta(value: Any) -> Any:
-        return torch.empty(value.shape, dtype=value.dtype, device="meta") if isinstance(value, torch.Tensor) else value
+    running the model once on fake tensors (no tracing, so cheap; blocks run inline) and
+    recording each kind's first run and how often it runs (a kind run once stays inline,
+    untraced); the model's trace then meets known blocks only. Fake CPU
+    tensors, not meta ones: their ops give the strides the trace will see (meta convolutions
+    return NCHW for channels-last inputs, and a block's key includes its inputs' strides).
+    Anything fake tensors cannot run leaves the rest to the tracer's retries."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    state = {name: meta(t) for name, t in [*module.named_parameters(), *module.named_buffers()]}
-    meta_args, meta_kwargs = pytree.tree_map(meta, (tuple(args), dict(kwargs or {})))
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def fake(value: Any) -> Any:
+        return fake_mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
+
+    found: dict[Any, NeedBlock] = {}
+    complete = False
     try:
-        for _ in range(len(candidates) + 1):
-            mode = CaptureMode(torch.zeros(SEED_SHAPE, dtype=SEED_DTYPE, device="meta"))
-            try:
-                with torch.no_grad(), capturing(mode), outlined_blocks(candidates, blocks):
-                    torch.func.functional_call(module, state, meta_args, meta_kwargs, tie_weights=True, strict=False)
-                return
-            except NeedBlock as need:
-                blocks[need.key] = trace_block(need)
-    except Exception:  # noqa: BLE001 - an op without a meta kernel, data-dependent code...: trace instead
-        return
+        state = {name: fake(t.detach()) for name, t in [*module.named_parameters(), *module.named_buffers()]}
+        fake_args, fake_kwargs = pytree.tree_map(fake, (tuple(args), dict(kwargs or {})))
+        with torch.no_grad(), fake_mode:
+            mode = CaptureMode(torch.zeros(SEED_SHAPE, dtype=SEED_DTYPE))
+            with capturing(mode), outlined_blocks(candidates, blocks, found):
+                torch.func.functional_call(module, state, fake_args, fake_kwargs, tie_weights=True, strict=False)
+        complete = True
+    except Exception:  # noqa: BLE001 - an op without a fake kernel, data-dependent code...: the trace retries
+        pass
+    for key, need in found.items():  # the kinds met (before any failure)
+        # a kind the whole run met once (alike modules run on other shapes: DenseNet's layers) stays inline
+        blocks[key] = trace_block(need) if need.runs > 1 or not complete else None
 
 
 def outline_block(traced: TracedModule, copies: int) -> OutlinedBlock | None:

@@ -334,7 +334,8 @@ def _trace_block(need: NeedBlock, training: bool, candidates: Candidates, precis
                                precision=precision)
     except TraceError:
         return None  # traced inline, where the model's trace reports any real problem
-    return outline_block(traced, copies=candidates[need.module][1])
+    # the runs discovery counted, else the model's alike modules (each may run on other shapes)
+    return outline_block(traced, copies=need.runs or candidates[need.module][1])
 
 
 def _refuse_random_ops(gm: fx.GraphModule, module: torch.nn.Module) -> None:

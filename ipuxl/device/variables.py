@@ -30,6 +30,8 @@ from ipuxl.ir.tensor import Constant, Tensor, Variable
 __all__ = ["DeviceVariables", "attr_of", "constant_value"]
 
 
+_UNBOUND = torch.empty(0)  # a place kept for caller-given storage while it is checked and bound
+
 class DeviceVariables:
     """Host buffers and per-replica device storage of an IR's variables.
 
@@ -52,11 +54,15 @@ class DeviceVariables:
         self.records = {r.tensor: r for r in records.values()}
         self.host = {r.tensor: self._initial_host(r) for r in records.values()}
         self.memory = StreamingMemory(ir, plan, device)  # remote buffers (device.streaming_memory)
-        self.replicas = [{attr: self._to_device(initial_value(plan, r, replica), r.tensor.spec.dtype)
-                          for attr, r in records.items()} for replica in plan.local]
+        given = storage or {}
+        bound = {id(t) for t in given}  # their first local replica's storage is bound below, never copied
+        self.replicas: list[dict[str, torch.Tensor]] = [
+            {attr: _UNBOUND if i == 0 and id(r.tensor) in bound
+             else self._to_device(initial_value(plan, r, replica), r.tensor.spec.dtype)
+             for attr, r in records.items()} for i, replica in enumerate(plan.local)]
         """Device storage, one dict per local replica (``plan.local`` order): attribute -> tensor."""
-        for tensor, given in (storage or {}).items():  # zero-copy: this replica's storage is the caller's tensor
-            self.replicas[0][attr_of(tensor)] = self.bound_storage(tensor, given)
+        for tensor, given_tensor in given.items():  # zero-copy: this replica's storage is the caller's tensor
+            self.replicas[0][attr_of(tensor)] = self.bound_storage(tensor, given_tensor)
 
     # -- binding caller-owned storage ----------------------------------------------------
     def bound_storage(self, tensor: Variable, given: torch.Tensor) -> torch.Tensor:

@@ -196,6 +196,105 @@ def test_each_kind_of_block_is_traced_once_whatever_the_depth(discovery, monkeyp
     assert not inlined.blocks and _aten_nodes(inlined) > 9 * 5
 
 
+class ConvBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(WIDTH, WIDTH, 1), nn.Conv2d(WIDTH, WIDTH, 3, padding=1)
+
+    def forward(self, x):
+        return x + self.conv2(torch.relu(self.conv1(x))) * 0.5
+
+
+class ConvStack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.Sequential(*[ConvBlock() for _ in range(4)])
+        self.head = nn.Linear(WIDTH, 3)
+
+    def forward(self, x, y):
+        out = self.head(self.blocks(x).mean((2, 3)))
+        return out, F.cross_entropy(out, y)
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last], ids=["nchw", "channels-last"])
+def test_discovery_finds_blocks_in_the_layout_the_trace_meets(monkeypatch, memory_format):
+    """Discovery runs on fake CPU tensors, whose convolutions keep channels-last as the trace's
+    do: the model is traced once after its one kind of block (no restart)."""
+    import ipuxl.capture.trace as trace_mod
+
+    traced_modules = []
+    real_trace = trace_mod._trace
+    monkeypatch.setattr(trace_mod, "_trace", lambda module, *a, **k: traced_modules.append(type(module).__name__)
+                        or real_trace(module, *a, **k))
+    torch.manual_seed(5)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(BATCH, WIDTH, 6, 6, generator=g).contiguous(memory_format=memory_format)
+    y = torch.randint(0, 3, (BATCH,), generator=g)
+    traced = trace_module(ConvStack(), (x, y), training=True, need_loss=True, outline=True)
+    assert traced_modules == ["ConvBlock", "ConvStack"]
+    assert sum(map(is_call_graph_node, traced.gm.graph.nodes)) == 4
+
+
+def test_alike_blocks_run_once_each_on_other_shapes_stay_inline(monkeypatch):
+    """Two alike blocks, one run before and one after a pooling (DenseNet's layers across its
+    dense blocks): discovery sees each kind run once, so neither is traced alone or called."""
+    import ipuxl.capture.trace as trace_mod
+
+    class TwoScales(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fine, self.coarse = ConvBlock(), ConvBlock()
+            self.head = nn.Linear(WIDTH, 3)
+
+        def forward(self, x, y):
+            h = self.coarse(F.avg_pool2d(self.fine(x), 2))
+            out = self.head(h.mean((2, 3)))
+            return out, F.cross_entropy(out, y)
+
+    traced_modules = []
+    real_trace = trace_mod._trace
+    monkeypatch.setattr(trace_mod, "_trace", lambda module, *a, **k: traced_modules.append(type(module).__name__)
+                        or real_trace(module, *a, **k))
+    torch.manual_seed(6)
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.randn(BATCH, WIDTH, 6, 6, generator=g), torch.randint(0, 3, (BATCH,), generator=g)
+    net = TwoScales()
+    traced = trace_module(net, (x, y), training=True, need_loss=True, outline=True)
+    assert traced_modules == ["TwoScales"] and not traced.blocks
+    _check_one_sgd_step(net, x, y)
+
+
+def test_torch_layers_are_never_traced_as_blocks(monkeypatch):
+    """Identical sibling ``Linear``/``BatchNorm1d``/``ReLU`` layers (one functional call each) are
+    traced inline, not each kind alone first; a repeated block of them still is a block."""
+    import ipuxl.capture.trace as trace_mod
+
+    class Layers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, WIDTH)
+            self.bn1, self.bn2 = nn.BatchNorm1d(WIDTH), nn.BatchNorm1d(WIDTH)
+            self.act1, self.act2 = nn.ReLU(), nn.ReLU()
+            self.blocks = nn.Sequential(*[MLPBlock(0.0) for _ in range(3)])
+            self.head = nn.Linear(WIDTH, 3)
+
+        def forward(self, x, y):
+            h = self.act2(self.bn2(self.fc2(self.act1(self.bn1(self.fc1(x))))))
+            out = self.head(self.blocks(h))
+            return out, F.cross_entropy(out, y)
+
+    traced_modules = []
+    real_trace = trace_mod._trace
+    monkeypatch.setattr(trace_mod, "_trace", lambda module, *a, **k: traced_modules.append(type(module).__name__)
+                        or real_trace(module, *a, **k))
+    torch.manual_seed(4)
+    net = Layers()
+    traced = _trace(net)
+    assert sorted(traced_modules) == ["Layers", "MLPBlock"]
+    assert [b.traced.name for b in traced.blocks] == ["MLPBlock"]
+    _check_one_sgd_step(net, *_data(BATCH, 7))
+
+
 def test_blocks_that_differ_in_an_attribute_get_graphs_of_their_own():
     torch.manual_seed(2)
     net = Stack([Scaled(0.5), Scaled(0.25), Scaled(0.5), Scaled(0.25), Scaled(0.5), Scaled(0.25)], head_dropout=0.0)

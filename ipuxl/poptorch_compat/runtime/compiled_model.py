@@ -298,7 +298,7 @@ class CompiledModel:
         args, kwargs = example_call(key)
         if self._format is None or self._format[0] != key:
             # one replica here: its stream data keeps the format (several are regrouped, see batching);
-            # CPU only: the choice times eager steps on the host (a GPU's steps are asynchronous)
+            # CPU only: the rule was measured on the host's convolution kernels
             self._format = (key, replicas_here(self.options) == 1
                             and device_for(self.options.device_type).type == "cpu"
                             and choose_memory_format(self._model, args, kwargs, self.training))

@@ -93,33 +93,100 @@ def _example(model: nn.Module):
     return example_call(split_batch(options, True, (x, y), {}).micro)
 
 
-@pytest.mark.parametrize("nchw, channels_last, expected", [(1.0, 0.5, True), (1.0, 0.97, False), (1.0, 1.2, False)])
-def test_choice_follows_the_measured_eager_steps(monkeypatch, nchw, channels_last, expected):
+class DenseNet(nn.Module):
+    """A ResNet-18-like net: dense 3x3 convolutions only."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                                      nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+class BottleneckNet(nn.Module):
+    """A ResNet-50-like bottleneck: 1x1 down, 3x3, 1x1 up; most weights are pointwise."""
+
+    def __init__(self, wide: int = 128, narrow: int = 16):
+        super().__init__()
+        self.stem = nn.Conv2d(3, wide, 1)
+        self.block = nn.Sequential(nn.Conv2d(wide, narrow, 1), nn.ReLU(), nn.Conv2d(narrow, narrow, 3, padding=1),
+                                   nn.ReLU(), nn.Conv2d(narrow, wide, 1))
+
+    def forward(self, x):
+        h = self.stem(x)
+        return (h + self.block(h)).mean()
+
+
+@pytest.mark.parametrize("make, share, expected", [
+    (DepthwiseNet, 0.0, True),  # 3x3 depthwise (grouped) and pointwise only
+    (DenseNet, 1.0, False),  # past its stem, dense 3x3 only (as ResNet-18: 0.985)
+    (BottleneckNet, 16 * 16 * 9 / (128 * 16 * 2 + 16 * 16 * 9), True),  # the stem (3 channels) left out
+], ids=["depthwise", "dense-3x3", "bottleneck"])
+def test_the_rule_follows_the_dense_share_of_the_convolution_weights(monkeypatch, make, share, expected):
     monkeypatch.delenv(memory_format.ENV, raising=False)
-    monkeypatch.setattr(memory_format, "_time_formats", lambda *a: (nchw, channels_last))
-    model = DepthwiseNet()
-    args, kwargs = _example(model)
-    assert memory_format.choose(model, args, kwargs, True) is expected
+    model = make()
+    assert memory_format.dense_share(model) == pytest.approx(share)
+    args = (torch.randn(BATCH, 3, 12, 12),)
+    assert memory_format.choose(model, args, {}, True) is expected
+    assert memory_format.choose(model, args, {}, False) is expected  # inference: the same rule
+
+
+def test_the_choice_is_deterministic_and_never_timed(monkeypatch):
+    """The same model and inputs give the same decision whatever the clock says, and no step runs."""
+    import time
+
+    monkeypatch.delenv(memory_format.ENV, raising=False)
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(time, "perf_counter", lambda: float(next(ticks) % 7) * 1e3)  # nonsense
+    monkeypatch.setattr(time, "monotonic", lambda: float(next(ticks) % 5) * -1e3)
+    for make, expected in [(DepthwiseNet, True), (DenseNet, False)]:
+        model = make()
+        calls = []
+        model.register_forward_pre_hook(lambda *a: calls.append(1))
+        args = (torch.randn(BATCH, 3, 12, 12),)
+        assert [memory_format.choose(model, args, {}, True) for _ in range(3)] == [expected] * 3
+        assert not calls  # decided from the structure: the model never ran
+
+
+def test_a_compiled_model_takes_the_rules_format_every_time(monkeypatch):
+    monkeypatch.delenv(memory_format.ENV, raising=False)
+    torch.manual_seed(0)
+    model, data = DepthwiseNet(), _data(1)
+    formats = []
+    for _ in range(2):
+        trained, training = _ipuxl(model, data)
+        formats.append(training._channels_last)
+    assert formats == [True, True]
+    oracle = _eager(model, data, channels_last=True)
+    for (name, got), want in zip(trained.state_dict().items(), oracle.state_dict().values()):
+        assert_close(got, want, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
 
 
 def test_models_without_images_or_convolutions_stay_as_they_are(monkeypatch):
     monkeypatch.delenv(memory_format.ENV, raising=False)
-    monkeypatch.setattr(memory_format, "_time_formats", lambda *a: pytest.fail("nothing to measure"))
     mlp = nn.Sequential(nn.Flatten(), nn.Linear(3 * 12 * 12, 5))
     args, kwargs = _example(mlp)
+    assert memory_format.dense_share(mlp) is None
     assert memory_format.choose(mlp, args, kwargs, True) is False  # a 4-D input, but no Conv2d
-    conv = nn.Conv2d(3, 4, 3)
-    assert memory_format.choose(conv, (torch.zeros(4, 3),), {}, False) is False  # no 4-D input
+    stem = nn.Conv2d(3, 8, 3)
+    assert memory_format.dense_share(stem) is None  # a stem only (ViT's, Swin's patch embedding)
+    assert memory_format.choose(stem, (torch.zeros(4, 3, 8, 8),), {}, False) is False
+    conv = nn.Conv2d(8, 8, 1)
+    assert memory_format.choose(conv, (torch.zeros(4, 8),), {}, False) is False  # no 4-D input
+    assert memory_format.choose(conv, (torch.zeros(4, 8, 2, 2),), {}, False) is True
+    assert memory_format.choose(conv, (torch.zeros(4, 8, 2, 2, dtype=torch.float16),), {}, False) is False
 
 
-def test_measuring_leaves_the_module_and_rng_alone(monkeypatch):
+def test_choosing_leaves_the_module_and_rng_alone(monkeypatch):
     monkeypatch.delenv(memory_format.ENV, raising=False)
     model = DepthwiseNet()
     state = copy.deepcopy(model.state_dict())
     rng = torch.get_rng_state()
     args, kwargs = _example(model)
-    nchw, channels_last = memory_format._time_formats(model, args, kwargs, True)
-    assert nchw > 0 and channels_last > 0
+    assert memory_format.choose(model, args, kwargs, True) is True
     assert torch.equal(torch.get_rng_state(), rng)
     for k, v in model.state_dict().items():  # batch-norm statistics and weights untouched
         assert torch.equal(v, state[k]), k
