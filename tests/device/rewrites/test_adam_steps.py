@@ -78,11 +78,12 @@ def _node(graph: fx.Graph, target, *args, **kwargs) -> fx.Node:
 
 
 def _adamw_graph(n: int, reader_after: int | None = None, write_lr_after: int | None = None,
-                 read_weight_inside: int | None = None) -> tuple[fx.Graph, list[str]]:
+                 read_weight_inside: int | None = None, shared: str | None = None) -> tuple[fx.Graph, list[str]]:
     """AdamW steps of ``n`` weights as ``optim.rules.adam_`` emits them, in order, with the
     learning rate a 0-dim input. Options: a reader of weight ``reader_after`` (``mul``, its
     result an output) after that weight's update; ``lr.mul_(2)`` after step
-    ``write_lr_after``; a reader of weight ``read_weight_inside`` between its decay and its update."""
+    ``write_lr_after``; a reader of weight ``read_weight_inside`` between its decay and its
+    update; step 1 using step 0's tensor ``shared`` (``"w"``, ``"m"``) instead of its own."""
     graph = fx.Graph()
     names = ["lr"] + [f"{k}{i}" for i in range(n) for k in ("w", "g", "m", "v", "s")]
     ph = {}
@@ -92,7 +93,7 @@ def _adamw_graph(n: int, reader_after: int | None = None, write_lr_after: int | 
     outputs = []
     lr = ph["lr"]
     for i in range(n):
-        w, g, m, v, s = (ph[f"{k}{i}"] for k in "wgmvs")
+        w, g, m, v, s = (ph[f"{k}{0 if (i, k) == (1, shared) else i}"] for k in "wgmvs")
         factor = _node(graph, torch.sub, 1.0, _node(graph, torch.mul, lr, 0.1))
         scaled = _node(graph, var_updates.scale_, w, factor)
         scaled.meta["val"] = w.meta["val"]
@@ -131,7 +132,10 @@ def _fused_calls(graph: fx.Graph) -> list[fx.Node]:
     (dict(reader_after=0), [1, 2], 0),  # the reader needs weight 0 updated: the group closes before it
     (dict(write_lr_after=1), [2, 1], 0),  # a written learning rate: the next steps see the new value
     (dict(read_weight_inside=1), [2], 1),  # weight 1 is read between its decay and its update: unfused
-], ids=["one-group", "reader-between", "rate-written-between", "read-inside-a-step"])
+    (dict(shared="w"), [1], 2),  # two steps of one weight: both unfused
+    (dict(shared="m"), [1], 2),  # two steps sharing a moment: both unfused
+], ids=["one-group", "reader-between", "rate-written-between", "read-inside-a-step", "shared-weight",
+        "shared-moment"])
 def test_groups_close_where_moving_a_step_later_would_change_results(case, calls, unfused):
     graph, names = _adamw_graph(3, **case)
     want_state, want_out = _run(copy.deepcopy(graph), names)
