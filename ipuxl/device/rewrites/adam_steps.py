@@ -28,7 +28,9 @@ and update term of one dtype, float32, float16 or bfloat16 (not float64: its pro
 the unfused formula); no two steps share a weight, moment or step counter. A step moves
 to its group's position only past nodes that do not read its tensors (or views of them)
 and do not write its hyperparameters; a node that does ends the group before it, and a
-step whose own nodes have such a node between them is left unfused.
+step whose own nodes have such a node between them is left unfused. In lowered code the
+alias records (``ir.aliases``) name the IR's nodes, so a node that records a write or a
+view counts as writing, or viewing, any of its inputs.
 
 Numerics: the fused kernel's. Its moment factors and bias corrections are the Python
 numbers in double precision, not rounded to float32 as the unfused kernels round them
@@ -44,6 +46,7 @@ import torch
 import torch.fx as fx
 
 from ipuxl.device.rewrites._nodes import alpha, input_node, is_scalar, val
+from ipuxl.ir.aliases import record_writes, writes
 from ipuxl.ir.meta import CALLED_GRAPH, MODIFIES, OP, VIEW_OF, WRITES
 from ipuxl.kernels import var_updates
 from ipuxl.passes.result import PassResult
@@ -51,9 +54,10 @@ from ipuxl.passes.result import PassResult
 __all__ = ["fuse_adam_steps"]
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-#: Python functions the optimiser rules emit that compute a new tensor from their inputs
+#: Python functions that compute a new tensor from their inputs (the optimiser rules' arithmetic,
+#: the lowering's copies)
 _PURE_FUNCTIONS: frozenset[Callable[..., Any]] = frozenset(
-    {operator.getitem, torch.mul, torch.sub, torch.add, torch.neg, torch.div})
+    {torch.mul, torch.sub, torch.add, torch.neg, torch.div, torch.clone})
 
 
 class _AdamStep(NamedTuple):
@@ -225,10 +229,15 @@ def _unshared(steps: list[_AdamStep]) -> list[_AdamStep]:
 
 # -- where a step may move -----------------------------------------------------------------------
 def _may_alias(user: fx.Node, source: fx.Node) -> bool:
-    """Whether ``user``'s result may share storage with its input ``source`` (unknown: yes)."""
-    recorded = user.meta.get(MODIFIES, user.meta.get(VIEW_OF))
-    if recorded is not None:
-        return recorded is source
+    """Whether ``user``'s result may share storage with its input ``source`` (unknown: yes).
+
+    In lowered code the alias records name the IR's nodes (``ir.lower``): they are flags
+    here. An ipuxl op or call with none returns new storage (the lowering copies a view
+    whose storage the program writes later); an item or slice (``getitem``) may be a view."""
+    if MODIFIES in user.meta or VIEW_OF in user.meta:
+        return True
+    if OP in user.meta or CALLED_GRAPH in user.meta:
+        return False
     if user.op == "call_function" and isinstance(user.target, torch._ops.OpOverload):
         return any(r.alias_info is not None for r in user.target._schema.returns)
     return not (user.op == "call_function" and user.target in _PURE_FUNCTIONS)
@@ -247,12 +256,18 @@ def _aliases(start: tuple[fx.Node, ...]) -> set[fx.Node]:
 
 
 def _may_write(node: fx.Node, tensors: set[fx.Node]) -> bool:
-    """Whether ``node`` may write one of ``tensors`` in place: what it records (ipuxl's ops and
-    calls record every write, ``ir.aliases``), an aten op's schema, else any input (unknown)."""
-    if WRITES in node.meta or OP in node.meta or CALLED_GRAPH in node.meta:
-        return any(w in tensors for w in node.meta.get(WRITES, ()))
+    """Whether ``node`` may write one of ``tensors`` in place: one of its inputs when it
+    records writes (ipuxl's ops and calls record every write, ``ir.aliases``; in lowered
+    code the records name the IR's nodes, so which input is not known), never when it is
+    an ipuxl op or call without such a record; an aten op when its schema is mutable; else
+    any input (unknown)."""
     inputs = [i for i in node.all_input_nodes if i in tensors]
-    if not inputs or (node.op == "call_function" and node.target in _PURE_FUNCTIONS):
+    if not inputs:
+        return False
+    if writes(node):
+        return True
+    if OP in node.meta or CALLED_GRAPH in node.meta or (
+            node.op == "call_function" and (node.target in _PURE_FUNCTIONS or node.target is operator.getitem)):
         return False
     if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
         return node.target._schema.is_mutable
@@ -312,7 +327,7 @@ def _fuse(graph: fx.Graph, group: list[_AdamStep], order: dict[fx.Node, int]) ->
     with graph.inserting_before(last):
         fused = graph.call_function(var_updates.fused_adam_steps_, args, {})
     fused.meta.update({k: v for k, v in last.meta.items() if k not in (WRITES, MODIFIES, "val")})
-    fused.meta[WRITES] = list(dict.fromkeys(w for s in group for n in s.nodes for w in n.meta.get(WRITES, ())))
+    record_writes(fused, (w for s in group for n in s.nodes for w in writes(n)))
     kept = {n for n in (head.negative_lr, head.decay, head.weight_decay) if isinstance(n, fx.Node)}
     for step in group:
         for node in sorted(step.nodes, key=order.__getitem__, reverse=True):

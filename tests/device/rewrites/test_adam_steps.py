@@ -18,6 +18,8 @@ import torch.nn as nn
 import ipuxl
 import ipuxl.ops as ops
 from ipuxl.device.rewrites import fuse_adam_steps
+from ipuxl.ir.aliases import writes
+from ipuxl.ir.meta import MODIFIES, OP, VIEW_OF, WRITES
 from ipuxl.kernels import var_updates
 
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -78,12 +80,16 @@ def _node(graph: fx.Graph, target, *args, **kwargs) -> fx.Node:
 
 
 def _adamw_graph(n: int, reader_after: int | None = None, write_lr_after: int | None = None,
+                 ipuxl_write_lr_after: int | None = None, view_read_after: int | None = None,
                  read_weight_inside: int | None = None, shared: str | None = None) -> tuple[fx.Graph, list[str]]:
     """AdamW steps of ``n`` weights as ``optim.rules.adam_`` emits them, in order, with the
     learning rate a 0-dim input. Options: a reader of weight ``reader_after`` (``mul``, its
     result an output) after that weight's update; ``lr.mul_(2)`` after step
     ``write_lr_after``; a reader of weight ``read_weight_inside`` between its decay and its
-    update; step 1 using step 0's tensor ``shared`` (``"w"``, ``"m"``) instead of its own."""
+    update; step 1 using step 0's tensor ``shared`` (``"w"``, ``"m"``) instead of its own;
+    ``ipuxl_write_lr_after``: an ipuxl op writing the rate, its alias record naming an IR
+    node (as in lowered code); ``view_read_after``: a view of that weight made before
+    all steps (its record naming an IR node), read (``mul``, an output) after that step."""
     graph = fx.Graph()
     names = ["lr"] + [f"{k}{i}" for i in range(n) for k in ("w", "g", "m", "v", "s")]
     ph = {}
@@ -92,6 +98,10 @@ def _adamw_graph(n: int, reader_after: int | None = None, write_lr_after: int | 
         ph[name].meta["val"] = torch.empty(() if name[0] in "ls" else (3, 4), device="meta")
     outputs = []
     lr = ph["lr"]
+    ir_node = fx.Graph().placeholder("ir_node")  # what alias records name in lowered code
+    if view_read_after is not None:
+        view = _node(graph, torch.reshape, ph[f"w{view_read_after}"], (12,))
+        view.meta.update({OP: "reshape_", VIEW_OF: ir_node, MODIFIES: ir_node})
     for i in range(n):
         w, g, m, v, s = (ph[f"{k}{0 if (i, k) == (1, shared) else i}"] for k in "wgmvs")
         factor = _node(graph, torch.sub, 1.0, _node(graph, torch.mul, lr, 0.1))
@@ -110,6 +120,10 @@ def _adamw_graph(n: int, reader_after: int | None = None, write_lr_after: int | 
             outputs.append(_node(graph, torch.ops.aten.mul.Tensor, w, 2.0))
         if write_lr_after == i:
             _node(graph, torch.Tensor.mul_, lr, 2.0)
+        if ipuxl_write_lr_after == i:
+            _node(graph, var_updates.scale_, lr, 2.0).meta.update({OP: "scale_", WRITES: [ir_node]})
+        if view_read_after == i:
+            outputs.append(_node(graph, torch.ops.aten.mul.Tensor, view, 2.0))
     graph.output(tuple(outputs))
     return graph, names
 
@@ -132,10 +146,12 @@ def _fused_calls(graph: fx.Graph) -> list[fx.Node]:
     (dict(reader_after=0), [1, 2], 0),  # the reader needs weight 0 updated: the group closes before it
     (dict(write_lr_after=1), [2, 1], 0),  # a written learning rate: the next steps see the new value
     (dict(read_weight_inside=1), [2], 1),  # weight 1 is read between its decay and its update: unfused
+    (dict(ipuxl_write_lr_after=1), [2, 1], 0),  # the same, by an ipuxl op (its record names an IR node)
+    (dict(view_read_after=0), [1, 2], 0),  # a view of weight 0 made before, read after its step
     (dict(shared="w"), [1], 2),  # two steps of one weight: both unfused
     (dict(shared="m"), [1], 2),  # two steps sharing a moment: both unfused
-], ids=["one-group", "reader-between", "rate-written-between", "read-inside-a-step", "shared-weight",
-        "shared-moment"])
+], ids=["one-group", "reader-between", "rate-written-between", "read-inside-a-step", "rate-written-by-an-op",
+        "view-read-between", "shared-weight", "shared-moment"])
 def test_groups_close_where_moving_a_step_later_would_change_results(case, calls, unfused):
     graph, names = _adamw_graph(3, **case)
     want_state, want_out = _run(copy.deepcopy(graph), names)
@@ -192,6 +208,8 @@ def test_addons_adam_optimizer_steps_of_one_graph_fuse_and_match_torch_adamw():
         compiled_body = session.compiled_graph(body)
     assert compiled_body is not None and "adam_updater" not in code
     assert [len(n.args[0]) for n in _fused_calls(compiled_body.module.graph)] == [2]
+    fused = _fused_calls(compiled_body.module.graph)[0]
+    assert writes(fused)  # it records writes, as the steps did (naming the IR's nodes, as lowered code does)
     params = [torch.nn.Parameter(torch.from_numpy(w0.copy())) for w0 in w0s]
     opt = torch.optim.AdamW(params, lr=0.01, weight_decay=0.1, eps=1e-6)
     for g in grads:
@@ -223,3 +241,37 @@ def test_graphs_called_from_many_sites_that_are_not_adam_steps_stay_functions():
     assert compiled is not None
     for i, value in enumerate(got):
         torch.testing.assert_close(torch.from_numpy(np.asarray(value)), torch.full((2, 2), 2.0 * (i + 1)))
+
+
+def test_a_view_made_before_its_weights_step_and_stored_after_it_sees_the_update():
+    """``reshape_`` (a view) of a weight, then its Adam step and a store of the view, then
+    another weight's step: the fused call must not move the first step past the store."""
+    addons = pytest.importorskip("ipuxl.addons_compat")
+    rng = np.random.default_rng(0)
+    w0s = [rng.standard_normal((4, 6)).astype(np.float32) for _ in range(2)]
+    grads = rng.standard_normal((2, 4, 6)).astype(np.float32)
+    ir = ipuxl.Ir()
+    with ir.main_graph:
+        ws = [ipuxl.variable(w0, name=f"w{i}") for i, w0 in enumerate(w0s)]
+        g_stream = ipuxl.h2d_stream((2, 4, 6), ipuxl.float32, name="g")
+        out = ipuxl.d2h_stream((24,), ipuxl.float32, name="out")
+        args, graph = addons.optimizers.adam.AdamOptimizerStep().create_graph(
+            ws[0].spec, ws[0].spec, lr=0.01, weight_decay=0.1, eps=1e-6, first_order_dtype=ipuxl.float32)
+        states = [args.init(f"adam{i}") for i in range(2)]
+        with ipuxl.in_sequence():
+            view = ops.reshape_(ws[0], (24,))
+            g = ops.host_load(g_stream)
+            graph.bind(states[0]).call(ws[0], g[0])
+            ops.host_store(out, view)
+            graph.bind(states[1]).call(ws[1], g[1])
+    with ipuxl.Session(ir, "cpu") as session:
+        stored = session.run({g_stream: grads})[out]
+        weights = [session.get_tensor_data(w) for w in ws]
+    params = [torch.nn.Parameter(torch.from_numpy(w0.copy())) for w0 in w0s]
+    opt = torch.optim.AdamW(params, lr=0.01, weight_decay=0.1, eps=1e-6)
+    for p, g in zip(params, grads):
+        p.grad = torch.from_numpy(g.copy())
+    opt.step()
+    torch.testing.assert_close(torch.from_numpy(np.asarray(stored)), params[0].detach().reshape(24), **TOL)
+    for value, p in zip(weights, params):
+        torch.testing.assert_close(torch.from_numpy(np.asarray(value)), p.detach(), **TOL)
