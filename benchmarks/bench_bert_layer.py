@@ -26,8 +26,9 @@ steps, ``ir.num_host_transfers = --steps``): one ``Session.run`` trains ``--step
 
 Eager: Hugging Face's ``BertLayer`` (the installed ``transformers``) computing the same
 function (GELU's tanh form, ``gelu_pytorch_tanh``, as PopXL's ``gelu``; layer norm eps
-1e-5, as ``popxl_addons.layers.LayerNorm``'s), with the same weights (mapped with the application's own ``hf_mapping`` functions, as its tests do),
-``torch.optim.AdamW`` with the same parameter groups and settings, the same data.
+1e-5, as ``popxl_addons.layers.LayerNorm``'s), with the same weights (mapped with the
+application's own ``hf_mapping`` functions, as its tests do), ``torch.optim.AdamW`` with
+the same parameter groups and settings, the same data.
 
 Check: after ``--check-steps`` steps from the same weights, each weight's update (its
 change from the initial weights) must be within 2% of eager's in relative L2 distance

@@ -63,6 +63,11 @@ compiled code's buffers and whatever the allocator keeps, as the operating syste
 it. The first call's own peak (with the compiler's memory) is not in it.
 
 On a small or shared machine, ``--threads 1`` gives steadier numbers.
+
+Checks that it runs (not timings): ``--quick`` (1 repeat of 1 call, no memory processes);
+``--tiny`` (the same models and code paths at toy sizes: hidden 32, 2 heads, 2 layers,
+16 tokens, vocabularies of 1000, 32x32 images); ``--no-compile`` (no torch.compile side:
+its first compile takes minutes a model). ``tests/benchmarks`` runs ``--tiny --quick --no-compile``.
 """
 from __future__ import annotations
 
@@ -472,8 +477,8 @@ def main(argv: list[str] | None = None) -> list[Result]:
 
 
 def _print_row(r: Result) -> None:
-    print(f"{r.name}: eager {r.ms['eager']:.0f} ms, ipuxl {r.ms['ipuxl']:.0f} ms, torch.compile {r.ms['compile']:.0f} ms"
-          f" per call; weights {'ok' if r.ok else 'MISMATCH'}", flush=True)
+    print(f"{r.name}: eager {r.ms['eager']:.0f} ms, ipuxl {r.ms['ipuxl']:.0f} ms, "
+          f"torch.compile {r.ms['compile']:.0f} ms per call; weights {'ok' if r.ok else 'MISMATCH'}", flush=True)
 
 
 def _print_tables(results: list[Result], failed: list[str], seconds: float) -> None:

@@ -4,8 +4,9 @@
 functions: a graph called from many sites stays one function (compiled once, here, the
 first time a caller is lowered), and a graph with a single call site, or a weight's Adam
 step (``Compiler.inlines``), is inlined into its caller. The device's rewrites
-(``ipuxl.device.rewrites``: dead code, fused updates, kernel choice) then run on the fx graph, once each, in their registry's order, and only then is
-the Python code generated. Which rewrites changed each graph is kept (``applied``).
+(``ipuxl.device.rewrites``: dead code, fused updates, kernel choice) then run on the fx
+graph, once each, in their registry's order, and only then is the Python code generated.
+Which rewrites changed each graph is kept (``applied``).
 
 A compiled program reads its variables as module attributes (one ``GraphModule`` per
 replica, the same code); ``pad_matrices`` lays out some of them in padded rows

@@ -228,8 +228,9 @@ def fused_adam_steps_(weights: list[torch.Tensor], grads: list[torch.Tensor], ms
     Per weight, as ``optim.rules.adam_`` computes it: ``W *= decay`` (AdamW's decoupled
     weight decay; ``decay`` None: none), ``step += 1``, the moments, and
     ``W += negative_lr * (m̂ / (sqrt(v̂) + eps) + weight_decay * W)`` (``weight_decay`` None:
-    no such term; popxl.addons' AdamW has it instead of ``decay``). The device rewrites the unfused steps of
-    the weights that share these hyperparameters into this (``rewrites.adam_steps``); the
+    no such term; popxl.addons' AdamW has it instead of ``decay``). The device rewrites the
+    unfused steps of the weights that share these hyperparameters into this
+    (``rewrites.adam_steps``); the
     kernel is torch's ``_fused_adamw_``, the one ``torch.optim.AdamW(fused=True)`` runs: one
     pass over each weight, gradient and moment.
 
@@ -255,8 +256,8 @@ def fused_adam_steps_(weights: list[torch.Tensor], grads: list[torch.Tensor], ms
     for i in strided:
         for tensors in states:
             tensors[i] = tensors[i].contiguous()
-    torch._fused_adamw_(states[0], grads, states[1], states[2], [], steps, lr=lr, beta1=float(beta1), beta2=float(beta2),
-                        weight_decay=wd, eps=float(eps), amsgrad=False, maximize=False)
+    torch._fused_adamw_(states[0], grads, states[1], states[2], [], steps, lr=lr, beta1=float(beta1),
+                        beta2=float(beta2), weight_decay=wd, eps=float(eps), amsgrad=False, maximize=False)
     for i in strided:
         for tensors, original in zip(states, (weights, ms, vs)):
             if tensors[i] is not original[i]:

@@ -22,8 +22,9 @@ step code computes them once per weight).
 
 Preconditions: a lowered fx graph; bias correction on (a step counter read only by the
 updater); an updater's weight (for its decay term) the updated weight itself, and not
-both decays; ``beta1``, ``beta2`` and ``eps`` Python numbers; both moments updated from one gradient; each moment, moment update,
-updater, scaled weight and weight update read by nothing else; weight, gradient, moments
+both decays; ``beta1``, ``beta2`` and ``eps`` Python numbers; both moments updated from
+one gradient; each moment, moment update, updater, scaled weight and weight update read
+by nothing else; weight, gradient, moments
 and update term of one dtype, float32, float16 or bfloat16 (not float64: its programs keep
 the unfused formula); no two steps share a weight, moment or step counter. A step moves
 to its group's position only past nodes that do not read its tensors (or views of them)
