@@ -2,10 +2,11 @@
 
 ``lower_to_fx`` (``ipuxl.ir.lower``) turns a graph into an fx graph that calls real torch
 functions: a graph called from many sites stays one function (compiled once, here, the
-first time a caller is lowered), and a graph with a single call site is inlined into its
-caller. The device's rewrites (``ipuxl.device.rewrites``: dead code, fused updates, kernel
-choice) then run on the fx graph, once each, in their registry's order, and only then is
-the Python code generated. Which rewrites changed each graph is kept (``applied``).
+first time a caller is lowered), and a graph with a single call site, or a weight's Adam
+step (``Compiler.inlines``), is inlined into its caller. The device's rewrites
+(``ipuxl.device.rewrites``: dead code, fused updates, kernel choice) then run on the fx
+graph, once each, in their registry's order, and only then is the Python code generated.
+Which rewrites changed each graph is kept (``applied``).
 
 A compiled program reads its variables as module attributes (one ``GraphModule`` per
 replica, the same code); ``pad_matrices`` lays out some of them in padded rows
@@ -24,6 +25,7 @@ from ipuxl.ir.calls import call_nodes, callee_of, does_host_io
 from ipuxl.ir.graph import Graph, identifier
 from ipuxl.ir.ir import Ir
 from ipuxl.ir.lower import compiled_callee, lower_to_fx
+from ipuxl.ir.meta import OP
 from ipuxl.ir.streams import Stream
 
 __all__ = ["CompiledGraph", "Compiler", "count_call_sites", "replica_program"]
@@ -62,12 +64,18 @@ class Compiler:
 
     def compile(self, graph: Graph, attrs: dict[str, torch.Tensor] | None = None) -> torch.fx.GraphModule:
         """Lower ``graph`` (inlining graphs with one call site), run the rewrites, generate its code."""
-        root, code = lower_to_fx(graph, self.callee, attrs, inline=lambda g: self._call_sites[g] == 1,
-                                 io_index=self._io_index)
+        root, code = lower_to_fx(graph, self.callee, attrs, inline=self.inlines, io_index=self._io_index)
         code, self.applied[graph] = apply_rewrites(code)
         # the Python code is generated once, after the rewrites
         module = torch.fx.GraphModule(root, code, class_name=identifier(f"ipuxl.{graph.name}"))
         return module.to(self.device)
+
+    def inlines(self, graph: Graph) -> bool:
+        """Whether calls of ``graph`` are copied into their callers: a graph with one call
+        site, and a weight's Adam step called from many (``is_adam_step``), so that the
+        rewrites see all the weights' updates of a step together (``rewrites.adam_steps``
+        fuses them)."""
+        return self._call_sites[graph] == 1 or is_adam_step(graph)
 
     def callee(self, graph: Graph) -> Callable[..., tuple]:
         """The function a call of ``graph`` in generated code calls (``graph`` compiled on first use)."""
@@ -112,6 +120,14 @@ def replica_program(program: torch.fx.GraphModule, variables: dict[str, torch.Te
         if hasattr(module, attr):
             setattr(module, attr, tensor)
     return module
+
+
+def is_adam_step(graph: Graph) -> bool:
+    """A graph that returns nothing, calls no graph and computes an Adam update term: an
+    optimiser step that only writes its by-reference inputs (a weight and its state),
+    outlined or built once for many weights (popxl.addons' ``AdamOptimizerStep``)."""
+    return (not graph.outputs and not graph.called_graphs
+            and any(node.meta.get(OP) == "adam_updater" for node in graph.fx.nodes))
 
 
 def count_call_sites(ir: Ir) -> Counter[Graph]:

@@ -28,7 +28,7 @@ from ipuxl.ir.meta import MODIFIES, VIEW_OF, WRITES
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
 
-__all__ = ["storage_owner", "writes", "view_source", "is_view", "written_nodes", "is_written"]
+__all__ = ["storage_owner", "writes", "record_writes", "view_source", "is_view", "written_nodes", "is_written"]
 
 
 def storage_owner(node: fx.Node, *, views: bool = True, copied: AbstractSet[fx.Node] = frozenset()) -> fx.Node:
@@ -72,6 +72,12 @@ def storage_owner(node: fx.Node, *, views: bool = True, copied: AbstractSet[fx.N
 def writes(node: fx.Node) -> list[fx.Node]:
     """The nodes ``node`` writes in place (empty for pure ops)."""
     return list(node.meta.get(WRITES, ()))
+
+
+def record_writes(node: fx.Node, written: Iterable[fx.Node]) -> None:
+    """Record that ``node`` writes ``written`` in place (each once, in order): for a node
+    that replaces several writers (a device rewrite's fused call)."""
+    node.meta[WRITES] = list(dict.fromkeys(written))
 
 
 def view_source(node: fx.Node) -> fx.Node | None:

@@ -2,7 +2,7 @@
 
 Each function is the target of one fx node: the ops emit the plain kernels, and the
 device's compile-time rewrites (``ipuxl.device.rewrites``) match them and put the fused
-ones (``adam_update_``, ``fused_adam_step_``) in their place. Functions ending in
+ones (``adam_update_``, ``fused_adam_steps_``) in their place. Functions ending in
 ``_`` write into their first argument and return it. A factor ``f`` is a Python
 number (baked into the program) or a scalar tensor (changeable at run time); ``x`` is
 converted to ``t``'s dtype before any arithmetic.
@@ -20,7 +20,7 @@ from ipuxl.kernels import unsigned
 
 __all__ = [
     "accumulate_", "accumulate_square_", "running_mean_", "moving_average_", "moving_average_square_", "scale_",
-    "sparse_accumulate_", "adam_updater", "adamax_updater", "adam_update_", "fused_adam_step_", "adam_var_update_",
+    "sparse_accumulate_", "adam_updater", "adamax_updater", "adam_update_", "fused_adam_steps_", "adam_var_update_",
     "scaled_addmm_", "sgd_momentum_step_",
 ]
 
@@ -220,18 +220,48 @@ def _unfused_sgd_momentum_step_(weight: torch.Tensor, buf: torch.Tensor, grad: t
         weight.add_(buf, alpha=negative_lr)
 
 
-def fused_adam_step_(weight: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
-                     step: torch.Tensor, lr: float, beta1: float, beta2: float, eps: float) -> torch.Tensor:
-    """A whole bias-corrected Adam step (moments, step, update) in one ``torch._fused_adam_`` kernel.
+def fused_adam_steps_(weights: list[torch.Tensor], grads: list[torch.Tensor], ms: list[torch.Tensor],
+                      vs: list[torch.Tensor], steps: list[torch.Tensor], negative_lr: Any, decay: Any,
+                      weight_decay: Any, beta1: float, beta2: float, eps: float) -> None:
+    """Whole bias-corrected Adam or AdamW steps of several weights in one multi-tensor kernel.
 
-    The device rewrites ``moving_average_``, ``moving_average_square_``, ``adam_updater``
-    and the weight update of one weight into this when nothing else reads the moments
-    in between; the kernel is the one torch.optim.Adam(fused=True) uses.
+    Per weight, as ``optim.rules.adam_`` computes it: ``W *= decay`` (AdamW's decoupled
+    weight decay; ``decay`` None: none), ``step += 1``, the moments, and
+    ``W += negative_lr * (m̂ / (sqrt(v̂) + eps) + weight_decay * W)`` (``weight_decay`` None:
+    no such term; popxl.addons' AdamW has it instead of ``decay``). The device rewrites the
+    unfused steps of the weights that share these hyperparameters into this
+    (``rewrites.adam_steps``); the
+    kernel is torch's ``_fused_adamw_``, the one ``torch.optim.AdamW(fused=True)`` runs: one
+    pass over each weight, gradient and moment.
+
+    ``negative_lr``, ``decay`` and ``weight_decay`` are Python numbers or 0-dim tensors (read
+    on the host); at most one of ``decay`` and ``weight_decay`` is given.
+    The kernel scales each weight by ``1 - lr * weight_decay`` computed in double, so
+    ``weight_decay = (1 - decay) / lr`` gives back the graph's ``decay`` (a float32 value)
+    exactly after rounding; with ``lr == 0`` the weights are scaled separately.
     """
-    step.add_(1)
-    torch._fused_adam_([weight], [grad], [m], [v], [], [step], lr=lr, beta1=beta1, beta2=beta2,
-                       weight_decay=0.0, eps=eps, amsgrad=False, maximize=False)
-    return weight
+    torch._foreach_add_(steps, 1)
+    lr = -float(negative_lr)
+    factor = 1.0 if decay is None else float(decay)
+    wd = 0.0 if weight_decay is None else float(weight_decay)
+    if factor != 1.0:
+        if lr != 0.0:
+            wd = (1.0 - factor) / lr
+        else:
+            torch._foreach_mul_(weights, factor)
+    # the kernel walks each tensor's memory in order: every tensor must be contiguous
+    grads = [g if g.is_contiguous() else g.contiguous() for g in grads]
+    strided = [i for i, ts in enumerate(zip(weights, ms, vs)) if not all(t.is_contiguous() for t in ts)]
+    states = [list(weights), list(ms), list(vs)]
+    for i in strided:
+        for tensors in states:
+            tensors[i] = tensors[i].contiguous()
+    torch._fused_adamw_(states[0], grads, states[1], states[2], [], steps, lr=lr, beta1=float(beta1),
+                        beta2=float(beta2), weight_decay=wd, eps=float(eps), amsgrad=False, maximize=False)
+    for i in strided:
+        for tensors, original in zip(states, (weights, ms, vs)):
+            if tensors[i] is not original[i]:
+                original[i].copy_(tensors[i])
 
 
 def adam_var_update_(w: torch.Tensor, x: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, lr: Any,

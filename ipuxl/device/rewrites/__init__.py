@@ -12,7 +12,8 @@ so ``graph`` is the one it was given. The session compiles each graph once and r
    gradient into its SGD or momentum update (``addmm_``, ``scaled_addmm_``);
 3. ``fuse_sgd_momentum_steps`` (``sgd_momentum_steps``): a momentum update and its weight
    update into one ``sgd_momentum_step_``;
-4. ``fuse_adam_steps`` (``adam_steps``): a whole Adam step into torch's fused kernel;
+4. ``fuse_adam_steps`` (``adam_steps``): the whole Adam/AdamW steps of a graph's weights into
+   torch's multi-tensor fused kernel, one call per group of shared hyperparameters;
 5. ``fuse_adam_updates`` (``adam_updates``): the remaining Adam update terms into their
    updates (``addcdiv_``);
 6. ``call_random_ops_directly`` (``random_calls``): the seeded random ops without the
