@@ -153,7 +153,7 @@ def test_session_profile_is_refused_as_run_is():
     w0, v0, xs = _data()
     ir, x_stream, _, _ = _program(w0, v0)
     session = ipuxl.Session(ir, "cpu")
-    with pytest.raises(DetachedError, match="Must be attached to device before calling a runtime function \(Session.profile\)"):
+    with pytest.raises(DetachedError, match=r"Must be attached to device before calling a runtime function \(Session.profile\)"):
         session.profile({x_stream: xs})
     with session:
         with pytest.raises(InvalidValueError, match="runs must be an int >= 1, got 0"):
