@@ -97,7 +97,7 @@ import transformers  # noqa: E402
 import ipuxl  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_models import FACTOR, FLOOR, one_ulp_away, relative_distance  # noqa: E402
+from bench_models import one_ulp_away, passes, relative_distance  # noqa: E402
 
 BATCH, ITERATIONS, LR = 2, 2, 1e-4
 SIDES = ("eager", "ipuxl", "compile")
@@ -319,11 +319,6 @@ class Result:
     @property
     def ok(self) -> bool:
         return passes(self.err["ipuxl"], max(self.err["eager"], self.err["other"]))
-
-
-def passes(err_ipuxl: float, err_eager32: float) -> bool:
-    """The check's rule: ipuxl about as close to float64 as eager float32 is."""
-    return err_ipuxl <= max(FACTOR * err_eager32, FLOOR)
 
 
 def bench_model(name: str, calls: int, repeats: int, check_calls: int, with_compile: bool = True) -> Result:
