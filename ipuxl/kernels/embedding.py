@@ -1,0 +1,33 @@
+"""Kernels of embedding gradients: a tied weight's gradient without its dense zeros.
+
+``aten.embedding_dense_backward`` writes a dense gradient the size of the whole table:
+zeros everywhere, then one row added per token. When that gradient is only added to
+another one of the same table (a weight tied to an output projection, or one table
+embedding two inputs), ``add_embedding_grad`` adds the token rows into the other gradient
+directly: the table-sized zeros and the table-sized addition are never computed.
+``ipuxl.device.rewrites.embedding_grads`` puts it in place of such additions.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["add_embedding_grad"]
+
+
+def add_embedding_grad(other: torch.Tensor, grad_output: torch.Tensor, indices: torch.Tensor, padding_idx: int,
+                       in_place: bool) -> torch.Tensor:
+    """``other + embedding_dense_backward(grad_output, indices, len(other), padding_idx, False)``.
+
+    Each token's row of ``grad_output`` is added to row ``indices[i]`` of ``other`` (a copy
+    of it unless ``in_place``), in token order; tokens equal to ``padding_idx`` (when it
+    is not negative) add nothing, as in aten's kernel. Numerics: aten sums a row's tokens
+    first and adds the sum to ``other``; here each token is added to ``other`` in turn,
+    so a row that two or more tokens share may differ in its last bits.
+    """
+    rows = grad_output.reshape(-1, grad_output.shape[-1])
+    index = indices.reshape(-1)
+    if padding_idx >= 0:
+        kept = index != padding_idx
+        rows, index = rows[kept], index[kept]
+    out = other if in_place else other.clone()
+    return out.index_add_(0, index, rows.to(out.dtype))
