@@ -257,3 +257,29 @@ def test_a_stream_loaded_in_both_branches_counts_once_per_conditional():
         assert session.transfers_per_run[data_in] == 8  # not 16: one branch of each runs
         with pytest.raises(ValueError, match="'data' is loaded 8 time"):
             session.run({data_in: np.zeros((4, 3), np.float32)})
+
+
+def test_each_replica_transfers_in_the_branch_it_takes():
+    ir = ipuxl.Ir(replication=2)
+    spec = ipuxl.TensorSpec((3,), ipuxl.float32)
+    with ir.main_graph:
+        flag_in = ipuxl.h2d_stream((), ipuxl.bool, "flag")
+        data_in = ipuxl.h2d_stream((3,), ipuxl.float32, "data")
+        stored = ipuxl.d2h_stream((3,), ipuxl.float32, "stored")
+
+        def then_fn(v):
+            d = ops.host_load(data_in)
+            ops.host_store(stored, d * 2.0)
+            return v + d
+
+        then_branch = ir.create_graph(then_fn, spec)
+        else_branch = ir.create_graph(lambda v: v * 3.0, spec)
+        v = ipuxl.variable(np.ones(3, np.float32), name="v")
+        (out,) = ops.conditional(ops.host_load(flag_in), then_branch, else_branch, [v], [v])
+        result = ipuxl.d2h_stream((3,), ipuxl.float32, "result")
+        ops.host_store(result, out)
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)  # one slice per replica
+    with ipuxl.Session(ir, "cpu") as session:
+        got = session.run({flag_in: np.array([True, False]), data_in: data})
+    torch.testing.assert_close(torch.from_numpy(got[stored]), torch.tensor([[0.0, 2.0, 4.0], [0.0, 0.0, 0.0]]))
+    torch.testing.assert_close(torch.from_numpy(got[result]), torch.tensor([[1.0, 2.0, 3.0], [3.0, 3.0, 3.0]]))
