@@ -12,7 +12,8 @@ has read the variables back, as upstream does with popdist. At most ``max_checkp
 are kept: saving one more deletes the oldest this session saved.
 
 Differences from upstream: ``wandb://`` checkpoints are refused (ipuxl never reaches the
-network); variables backed by ``np.memmap`` files are saved like any other array.
+network); variables backed by ``np.memmap`` files (``init(memmap_dir=...)``) are saved like any
+other array.
 """
 from __future__ import annotations
 
@@ -143,7 +144,8 @@ class TaskSession(Session):
             checkpoint_dir: the checkpoint directory.
             report_missing: what to do about names only in the checkpoint or only in the
                 state: ``"none"``, ``"warn"`` (log) or ``"error"``.
-            skip_memmap: accepted for upstream's signature (no memory-mapped variables here).
+            skip_memmap: leave out the variables whose host value is a memory-mapped file
+                (``init(memmap_dir=...)``): they keep the values of their files.
 
         Raises:
             CheckpointError: (a ValueError, as upstream) ``report_missing="error"`` and the
@@ -161,7 +163,11 @@ class TaskSession(Session):
             files = {os.path.basename(f)[:-len(".npz")] for f in saved}
             _report_missing(files, variables.keys(), report_missing)
             data: dict[Variable, np.ndarray] = {}
-            for name in sorted(files & variables.keys()):
+            names = files & variables.keys()
+            if skip_memmap:
+                host = self.get_tensors_data([variables[n] for n in names])
+                names = {n for n in names if not isinstance(host[variables[n]], np.memmap)}
+            for name in sorted(names):
                 with np.load(os.path.join(checkpoint_dir, "model", f"{name}.npz"), allow_pickle=False) as loaded:
                     data[cast(Variable, variables[name])] = loaded[name]
             self.write_variables_data(data)

@@ -10,9 +10,15 @@ replica sharded: its graph inputs are the flat 1-D shard ``(nelms // shard_over,
 with the full shape as ``meta_shape``, while its host data stays whole. Such a factory
 makes variables in Streaming Memory with ``init_remote`` (a replica-sharded remote
 buffer holds one shard per replica), as upstream.
+
+``init(memmap_dir=...)`` keeps each variable's host value in a memory-mapped file of
+that directory (``VariableFactory.next_memmap``), so a model larger than host memory
+can be initialised, and values written back by the session persist in the files.
 """
 from __future__ import annotations
 
+import os
+import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
@@ -22,11 +28,12 @@ import ipuxl
 from ipuxl.addons_compat.dot_tree import DotTree
 from ipuxl.addons_compat.named_tensors import NamedTensors
 from ipuxl.ir.graph_builder import graph_input, variable
-from ipuxl.dtypes import DOWNCAST, DTypeLike, dtype_name, from_any
-from ipuxl.errors import GraphContextError, InvalidArgumentError
+from ipuxl.dtypes import DOWNCAST, DTypeLike, dtype_name, from_any, to_numpy_dtype
+from ipuxl.errors import GraphContextError, InvalidArgumentError, PopdistError
 from ipuxl.ir import context
 from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.ir.tensor import Tensor
+from ipuxl.ir.world import world
 from ipuxl.ops.debug import init as _init_op
 
 if TYPE_CHECKING:
@@ -125,17 +132,63 @@ class VariableFactory:
         name = self.name if prefix is None else f"{prefix}.{self.name}"
         return graph_input(self.shape, self.dtype, name, by_ref=self.by_ref, meta_shape=self.meta_shape)
 
-    def create_tensor(self, name: str | None = None, empty: bool = False) -> Tensor:
-        """A variable in the main graph holding the next host value."""
-        return variable(self.next_data(empty), self.dtype, name or self.name, replica_grouping=self.replica_grouping)
+    def next_memmap(self, memmap_dir: str, name: str, empty: bool = False,
+                    read_only_if_exists: bool = False) -> np.memmap:
+        """The host value as an ``np.memmap`` of ``<memmap_dir>/<name>.npy`` (raw data, no
+        ``.npy`` header, as upstream), of the whole shape (``(G, ...)`` with G > 1 groups).
 
-    def create_remote_tensor(self, buffer: Any, entry: int, name: str | None = None, empty: bool = False) -> Tensor:
-        """A variable stored in entry ``entry`` of remote ``buffer``, holding the next host value.
+        A file that does not exist yet is created (instance 0 of a torchrun program; the
+        others wait for it) and filled with the next host value, unless ``empty``. A file
+        that exists is opened as it is, ``"r+"`` (or ``"r"`` with ``read_only_if_exists``)
+        and the data source is not advanced: values saved by an earlier run are reused.
+        """
+        path = os.path.join(memmap_dir, name + ".npy")
+        shape = self.meta_shape or self.shape
+        groups = self.replica_grouping.num_groups if self.replica_grouping is not None else 1
+        if groups != 1:
+            shape = (groups, *shape)
+        host_dtype = to_numpy_dtype(self.dtype)
+        if world()[1] == 0 and not os.path.exists(path):
+            os.makedirs(memmap_dir, exist_ok=True)
+            partial = f"{path}.{os.getpid()}.partial"  # written whole, then renamed: readers never see half a file
+            data = np.memmap(partial, dtype=host_dtype, shape=shape, mode="w+")
+            if not empty:
+                data[...] = self.next_data(empty)
+            data.flush()
+            del data
+            os.replace(partial, path)
+        else:
+            _wait_for(path)
+        return np.memmap(path, dtype=host_dtype, shape=shape, mode="r" if read_only_if_exists else "r+")
+
+    def _host_value(self, name: str, empty: bool, memmap_dir: str | None, read_only_if_exists: bool) -> np.ndarray:
+        if memmap_dir:
+            return self.next_memmap(memmap_dir, name, empty, read_only_if_exists)
+        return self.next_data(empty)
+
+    def create_tensor(self, name: str | None = None, empty: bool = False, memmap_dir: str | None = None,
+                      read_only_if_exists: bool = False) -> Tensor:
+        """A variable in the main graph holding the next host value.
+
+        With ``memmap_dir``, the value is a memory-mapped file there (``next_memmap``)
+        and stays the variable's host value: ``Session.weights_to_host`` (and leaving a
+        ``with session:`` block) writes the device's values into the file. A read-only
+        map (``read_only_if_exists`` on a file that existed) gives the initial value only.
+        """
+        name = name or self.name
+        data = self._host_value(name or "t", empty, memmap_dir, read_only_if_exists)
+        return variable(data, self.dtype, name, replica_grouping=self.replica_grouping)
+
+    def create_remote_tensor(self, buffer: Any, entry: int, name: str | None = None, empty: bool = False,
+                             memmap_dir: str | None = None, read_only_if_exists: bool = False) -> Tensor:
+        """A variable stored in entry ``entry`` of remote ``buffer``, holding the next host value
+        (with ``memmap_dir``: read from a memory-mapped file, see ``next_memmap``; the remote
+        variable's host value is a copy).
 
         A buffer with a ``meta_shape`` makes a replica-sharded remote variable (the host
         data is whole; each replica's Streaming Memory holds its shard), as upstream.
         """
-        data = self.next_data(empty)
+        data = self._host_value(name or self.name or "t", empty, memmap_dir, read_only_if_exists)
         if buffer.meta_shape:
             # A buffer made by remote_buffer() with a meta shape set by hand (as upstream
             # does) records no shard count: it is the ratio of the whole to the shard.
@@ -148,6 +201,17 @@ class VariableFactory:
 
     def __repr__(self) -> str:
         return f"VariableFactory({self.name!r}, shape={self.shape}, dtype={dtype_name(self.dtype)})"
+
+
+def _wait_for(path: str, timeout: float = 600.0) -> None:
+    """Wait until instance 0 of a multi-process program has created ``path``."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise PopdistError(f"memory-mapped variable file '{path}' did not appear within {timeout:.0f} s",
+                               where=f"instance {world()[1]} of {world()[0]}",
+                               fix="check that instance 0 runs the same program and can write the directory")
+        time.sleep(0.05)
 
 
 def _host(data: Any) -> Any:
@@ -165,8 +229,17 @@ def _all_replicas() -> ReplicaGrouping | None:
 class NamedVariableFactories(DotTree[VariableFactory]):
     """A tree of ``VariableFactory``; ``init()`` creates the variables."""
 
-    def init(self, prefix: str | None = None, empty: bool = False) -> NamedTensors:
+    def init(self, prefix: str | None = None, empty: bool = False, memmap_dir: str | None = None,
+             read_only_if_exists: bool = False) -> NamedTensors:
         """Create one variable per factory in the main graph, in sorted key order.
+
+        Args:
+            prefix: prefixes the variables' names (``"<prefix>.<key>"``).
+            empty: placeholder values instead of the factories' data.
+            memmap_dir: keep each variable's host value in a memory-mapped file
+                ``<memmap_dir>/<name>.npy`` (``VariableFactory.next_memmap``): a file that
+                exists gives the initial value, and the session writes weights back to it.
+            read_only_if_exists: open existing files read-only (they are never written).
 
         Raises:
             GraphContextError: outside the main graph.
@@ -174,13 +247,16 @@ class NamedVariableFactories(DotTree[VariableFactory]):
         _check_main("init")
         created = {}
         for name, factory in sorted(self.to_dict().items()):
-            created[name] = factory.create_tensor(f"{prefix}.{name}" if prefix else name, empty)
+            created[name] = factory.create_tensor(f"{prefix}.{name}" if prefix else name, empty, memmap_dir,
+                                                  read_only_if_exists)
         return NamedTensors.from_dict(created)
 
     def init_remote(self, buffers: "NamedRemoteBuffers", entry: int = 0, prefix: str | None = None,
-                    empty: bool = False) -> NamedTensors:
+                    empty: bool = False, memmap_dir: str | None = None,
+                    read_only_if_exists: bool = False) -> NamedTensors:
         """Create one remote variable per factory, in sorted key order, in entry ``entry``
-        of the buffer with the same name in ``buffers`` (see ``popxl_addons.remote``).
+        of the buffer with the same name in ``buffers`` (see ``popxl_addons.remote``);
+        ``memmap_dir`` and ``read_only_if_exists`` as in ``init`` (initial values only).
 
         Raises:
             GraphContextError: outside the main graph.
@@ -197,7 +273,7 @@ class NamedVariableFactories(DotTree[VariableFactory]):
         created = {}
         for name, factory in sorted(self.to_dict().items()):
             created[name] = factory.create_remote_tensor(by_name[name], entry, f"{prefix}.{name}" if prefix else name,
-                                                         empty)
+                                                         empty, memmap_dir, read_only_if_exists)
         return NamedTensors.from_dict(created)
 
     def init_zero(self) -> NamedTensors:

@@ -118,7 +118,7 @@ POPXL_ADDONS: dict[str, str | None] = {
     "popxl_addons.graph_common": None,
     "popxl_addons.input_factory": None,
     "popxl_addons.remote": "ipuxl.addons_compat.remote",
-    "popxl_addons.route_tensor": None,
+    "popxl_addons.route_tensor": "ipuxl.addons_compat.route_tensor",
     "popxl_addons.rts": "ipuxl.addons_compat.rts",
     "popxl_addons.transforms.batch_serialisation": "ipuxl.addons_compat.transforms.batch_serialisation",
     "popxl_addons.transforms.phased": None,

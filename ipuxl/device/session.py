@@ -11,8 +11,10 @@ of a ``host_load``/``host_store`` (in the main graph, a called graph or an
 slices. The run stages each stream's data once and hands the compiled program one
 cursor per stream (``kernels.host_io``); a load in a loop body is a ``next`` on it.
 How often each stream is transferred per run is static (call and repeat counts
-are), so a program that transfers a stream another number of times than
-``num_host_transfers`` is refused before it runs (PopXL would wrap around).
+are; of a conditional's two branches only the one taken transfers, so there the
+count is at most that of the busier branch), so a program that may transfer a
+stream more times than ``num_host_transfers`` is refused before it runs (PopXL
+would wrap around).
 
 Weights live twice, as on an IPU: host buffers (numpy) and device storage (torch
 tensors the compiled code updates in place; ``device.variables``). ``with session:``
@@ -138,7 +140,8 @@ class Session:
         self._memory = self._variables.memory  # remote buffers (device.streaming_memory)
         self._replica_vars = self._variables.replicas
         self._device_vars = self._replica_vars[0]
-        self._transfers = transfer_counts(ir.main_graph)  # per stream: loads or stores per run
+        self._transfers = transfer_counts(ir.main_graph)  # per stream: loads or stores per run (at most)
+        self._fewest_transfers = transfer_counts(ir.main_graph, fewest=True)  # a conditional's branch may not run
         self._streams: list[Stream] = [s for s in ir.streams if s in self._transfers]  # the cursors' order
         self._io_index = {s: i for i, s in enumerate(self._streams)}
         self._takes_io = does_host_io(ir.main_graph)
@@ -221,7 +224,8 @@ class Session:
     @property
     def transfers_per_run(self) -> dict[Stream, int]:
         """ipuxl only: how many times the program loads or stores each stream in one run
-        (counting calls and ``ops.repeat`` iterations); each must be ``num_host_transfers``."""
+        (counting calls and ``ops.repeat`` iterations; of a conditional's branches, the busier);
+        none may exceed ``num_host_transfers``."""
         return dict(self._transfers)
 
     @property
@@ -423,8 +427,9 @@ class Session:
 
     def _output_buffer(self, stream: DeviceToHostStream, shape: tuple[int, ...]) -> torch.Tensor:
         """The run's buffer of a stored stream: zeros where the program stores it fewer times
-        than ``num_host_transfers`` (those slices stay as they are), else uninitialised."""
-        make = torch.zeros if self._transfers[stream] < self._built.steps else torch.empty
+        than ``num_host_transfers`` (those slices stay as they are), or may (a store in a
+        conditional's branch), else uninitialised."""
+        make = torch.zeros if self._fewest_transfers[stream] < self._built.steps else torch.empty
         return make(shape, dtype=stream.spec.dtype, device=self.device)
 
     # -- the IR the session compiled ------------------------------------------------------------

@@ -108,6 +108,9 @@ class DeviceVariables:
 
     def _initial_host(self, record: VariableRecord) -> np.ndarray:
         rows = self._host_replicas(record)
+        if isinstance(record.data, np.memmap) and not record.shard_over and (
+                rows is None or (record.retrieval_mode == "one_per_group" and len(record.data) == len(rows))):
+            return record.data  # the variable's host value lives in its file (``ipuxl.variable`` kept the memmap)
         if rows is None:
             return np.array(record.data, copy=True)
         return np.stack([self._plan.initial_value(record, r) for r in rows])

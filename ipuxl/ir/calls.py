@@ -8,7 +8,8 @@ through the functions here (``callee``, ``is_repeat``, ``called_graphs``,
 
 Host transfers (``host_transfers``, ``does_host_io``, ``transfer_counts``) are asked
 here too: how often each stream's load or store runs per run of a graph is static,
-since call and repeat counts are.
+since call and repeat counts are, except in the branches of a conditional (``IO_GATE``
+calls), of which only one transfers: counts then have a most and a fewest.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 import torch.fx as fx
 
 from ipuxl.ir.graph import identifier
-from ipuxl.ir.meta import ROLE, STREAM, Role
+from ipuxl.ir.meta import IO_GATE, ROLE, STREAM, Role
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
@@ -174,21 +175,31 @@ def does_host_io(graph: "Graph") -> bool:
     return any_reachable(graph, is_host_transfer)
 
 
-def transfer_counts(graph: "Graph") -> "Counter[Stream]":
+def transfer_counts(graph: "Graph", fewest: bool = False) -> "Counter[Stream]":
     """How many times each stream is loaded or stored in one run of ``graph``: its own
     transfers plus each callee's times its call sites' counts (a repeat runs its body
-    ``count`` times)."""
+    ``count`` times). Of a conditional's two branches (``IO_GATE`` calls on one condition)
+    only one runs: the branch with the most transfers of a stream counts, or with
+    ``fewest`` the branch with the fewest (a stream may then take fewer slices in a run)."""
     memo: dict["Graph", Counter[Stream]] = {}
+    pick = min if fewest else max
 
     def counts(g: "Graph") -> "Counter[Stream]":
         if g not in memo:
             total: Counter[Stream] = Counter()
+            branches: dict[tuple[Any, bool], Counter[Stream]] = {}
             for node in g.fx.nodes:
                 if is_host_transfer(node):
                     total[node.meta[STREAM]] += 1
                 elif is_call(node):
+                    into = branches.setdefault(node.meta[IO_GATE], Counter()) if IO_GATE in node.meta else total
                     for stream, k in counts(callee_of(node)).items():
-                        total[stream] += k * repeat_count(node)
+                        into[stream] += k * repeat_count(node)
+            for (index, taken_when), taken in branches.items():
+                if taken_when:
+                    other = branches.get((index, False), Counter())
+                    for stream in set(taken) | set(other):
+                        total[stream] += pick(taken[stream], other[stream])
             memo[g] = total
         return memo[g]
 

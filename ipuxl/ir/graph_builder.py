@@ -122,7 +122,7 @@ def variable(data: Any, dtype: DTypeLike | None = None, name: str | None = None,
             fix="create it under `with ir.main_graph:` and pass it to the subgraph as an "
                 "input (ipuxl.graph_input), or use ipuxl.constant",
         )
-    array, torch_dtype = host_array(data, dtype, downcast, f"variable '{name or 'variable'}'")
+    array, torch_dtype = host_array(data, dtype, downcast, f"variable '{name or 'variable'}'", keep_memmap=True)
     ir = graph.ir
     shape = grouped_shape(ir, name or "variable", array.shape, replica_grouping, retrieval_mode)
     attr = ir.unique_name(set(ir.variable_records) | set(graph.constant_data), _attr_name(name or "t"))
@@ -239,9 +239,14 @@ def _outputs(graph: "Graph", name: str, result: Any) -> list[Tensor]:
     return items
 
 
-def host_array(data: Any, dtype: Any, downcast: bool, subject: str) -> tuple[np.ndarray, torch.dtype]:
+def host_array(data: Any, dtype: Any, downcast: bool, subject: str,
+               keep_memmap: bool = False) -> tuple[np.ndarray, torch.dtype]:
     """A private host copy of ``data`` and the device dtype (PopXL's downcast rule), for a
     variable or constant (``ipuxl.variable``, ``constant``, ``ir.remote``'s variables).
+
+    ``keep_memmap``: a writable ``np.memmap`` already of the device's host dtype is kept,
+    not copied (a variable's host value then lives in its file: ``Session.weights_to_host``
+    writes it there, as popxl.addons' ``init(memmap_dir=...)`` intends).
 
     Raises:
         InvalidArgumentError: ``data`` is a graph tensor, or its dtype (or ``dtype``)
@@ -263,6 +268,8 @@ def host_array(data: Any, dtype: Any, downcast: bool, subject: str) -> tuple[np.
     else:
         inferred = from_any(array.dtype, subject)
         target = DOWNCAST.get(inferred, inferred) if downcast else inferred
+    if keep_memmap and isinstance(data, np.memmap) and data.flags.writeable and data.dtype == to_numpy_dtype(target):
+        return data, target
     return np.array(array, dtype=to_numpy_dtype(target), copy=True), target
 
 

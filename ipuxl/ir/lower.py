@@ -21,6 +21,8 @@ graph that loads or stores a stream, itself or through a callee, takes the run's
 cursors as its first argument (``ipuxl_host_io``) and passes them on to such
 callees, so compiled callees stay the same for every replica. A load becomes
 ``next(ipuxl_host_io[k])``; a store's slot becomes the same, right before the copy.
+A branch call of a conditional (``IO_GATE``) passes its callee the cursors through
+``kernels.host_io.gate_cursors``: blank ones unless the branch is taken.
 """
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ from ipuxl.ir.calls import (
     RepeatTarget, callee_of, does_host_io, is_call, is_host_transfer, is_repeat, repeat_count, run_repeat,
 )
 from ipuxl.ir.graph import identifier
-from ipuxl.ir.meta import BY_REF_ARGS, STREAM
+from ipuxl.ir.meta import BY_REF_ARGS, IO_GATE, STREAM
+from ipuxl.kernels.host_io import gate_cursors
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
@@ -176,10 +179,11 @@ def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[
             bound = dict(zip((t.node for t in called.inputs), _call_args(new, node, env)))
             shared = _unwritten_outputs(graph, node, write_positions, written_views)
             inlined[node] = _copy_graph(new, root, called, bound, dict(called.constant_data), callee_fn, inline,
-                                        prefix=f"{prefix}{identifier(called.name)}__", shared_outputs=shared, io=io)
+                                        prefix=f"{prefix}{identifier(called.name)}__", shared_outputs=shared,
+                                        io=_callee_io(new, graph, node, env, io))
             continue
         elif is_call(node):
-            env[node] = _lower_call(new, node, env, callee_fn, io)
+            env[node] = _lower_call(new, node, env, callee_fn, _callee_io(new, graph, node, env, io))
         else:
             if io is not None:
                 for arg in node.all_input_nodes:
@@ -199,6 +203,20 @@ def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[
             value = new.call_function(torch.clone, (value,))
         outputs.append(value)
     return outputs
+
+
+def _callee_io(new: fx.Graph, graph: "Graph", node: fx.Node, env: dict, io: _HostIO | None) -> _HostIO | None:
+    """The host IO of call ``node``'s callee: ``io``, or for a conditional's branch that
+    transfers host data (``IO_GATE``) cursors gated by the condition (``gate_cursors``)."""
+    gate = node.meta.get(IO_GATE)
+    if io is None or io.arg is None or gate is None or not io.does_io(callee_of(node)):
+        return io
+    index, taken_when = gate
+    slices: list[Any] = [None] * len(io.index)
+    for stream, k in io.index.items():
+        slices[k] = (tuple(stream.shape), stream.spec.dtype)
+    gated = new.call_function(gate_cursors, (io.arg, env[graph.inputs[index].node], taken_when, tuple(slices)))
+    return _HostIO(io.index, gated, io.uses_io)
 
 
 def _inlinable(node: fx.Node, inline: Callable[["Graph"], bool] | None) -> bool:

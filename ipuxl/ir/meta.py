@@ -15,7 +15,7 @@ Node kinds and the keys they carry:
   ``NAME`` when the user named the result, ``IN_SEQUENCE`` under
   ``ipuxl.in_sequence()``, and the alias records below.
 * calls of subgraphs: ``CALLED_GRAPH``, ``BY_REF_ARGS``; ``OUTLINED`` when the
-  outlining pass made the call.
+  outlining pass made the call; ``IO_GATE`` on the branch calls of a conditional.
 
 Alias records (see ``ipuxl.ir.aliases`` for their meaning):
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 __all__ = [
     "NAME", "ROLE", "BY_REF", "STREAM", "OP", "OP_ID", "SOURCE", "IN_SEQUENCE", "MODIFIES", "VIEW_OF", "WRITES",
-    "CALLED_GRAPH", "BY_REF_ARGS", "OUTLINED", "NO_GRAD", "META_SHAPE", "IPU", "TILE_SET", "PIPELINE_STAGE", "REMOTE",
+    "CALLED_GRAPH", "BY_REF_ARGS", "OUTLINED", "IO_GATE", "NO_GRAD", "META_SHAPE", "IPU", "TILE_SET", "PIPELINE_STAGE", "REMOTE",
     "Role", "COLLECTIVE_OPS",
 ]
 
@@ -63,6 +63,10 @@ BY_REF_ARGS = "ipuxl_by_ref_args"
 """On a call node: the set of argument positions passed by reference."""
 OUTLINED = "ipuxl_outlined"
 """On a call node the outlining pass created: ``True``."""
+IO_GATE = "ipuxl_io_gate"
+"""On a call of a branch of ``ops.conditional`` (in its select graph): ``(k, taken_when)``,
+meaning the callee's host transfers happen only when input ``k`` of the calling graph (the
+condition) is ``taken_when``; otherwise its loads read zeros and its stores go nowhere."""
 NO_GRAD = "ipuxl_no_grad"
 """On a subgraph input: ``True`` when no call of the graph passes a value that needs a
 gradient (a captured block's attention mask, a frozen parameter): autodiff's default

@@ -8,6 +8,10 @@ any replica (one replica, or a plain call) a collective acts on the one tensor.
 
 Reductions fold the group's tensors in replica order: the same arithmetic in every
 process, so results are bitwise identical however the replicas are spread.
+
+``all_reduce_ipus`` is the one collective within a replica (PopXL's ``all_reduce``
+across the IPUs of a replica): the simulated device holds every IPU's tensor in one
+process, so it reduces them in IPU order with the same folds.
 """
 from __future__ import annotations
 
@@ -18,12 +22,13 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 
-from ipuxl.errors import ReplicationError
+from ipuxl.errors import AutodiffError, ReplicationError
 from ipuxl.ir.replica_grouping import ReplicaGrouping
 
 __all__ = [
     "Combine", "Exchange", "current_replica", "running_as", "REDUCTIONS",
     "all_reduce", "all_reduce_", "reduce_scatter", "all_gather", "all_gather_grad", "differentiable_all_gather",
+    "all_reduce_ipus", "IPU_REDUCE_MODES",
 ]
 
 #: ``combine(tensors of all replicas in order, wanted replicas)``: the results of the wanted replicas.
@@ -249,3 +254,49 @@ def differentiable_all_gather(t: torch.Tensor, axis: int, mode: str, stride: int
     if t.requires_grad:
         return _AllGather.apply(t, axis, mode, stride, group_size, list(meta_shape))
     return torch.ops.ipuxl.all_gather(t, axis, mode, stride, group_size, list(meta_shape))
+
+
+# -- within one replica: across its IPUs -----------------------------------------------------
+#: ``mode`` of ``all_reduce_ipus``: PopXL's ``all_reduce`` and its two identical-tensor forms.
+IPU_REDUCE_MODES = ("all_reduce", "identical_inputs", "identical_grad_inputs")
+
+
+def _reduce_ipus(op: str, mode: str, ts: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The forward values: ``identical_inputs`` is the identity (the inputs are equal),
+    the other modes give every IPU the reduction of all inputs, in IPU order."""
+    if mode == "identical_inputs":
+        return tuple(t.clone() for t in ts)
+    reduced = REDUCTIONS[op](list(ts))
+    return (reduced, *(reduced.clone() for _ in ts[1:]))
+
+
+class _AllReduceIpus(torch.autograd.Function):
+    """PopXL's gradients: ``all_reduce`` (add) and ``identical_inputs`` sum the output
+    gradients for every input; ``identical_grad_inputs`` passes each output's gradient
+    to its input (the gradients are equal). Other ops have no gradient, as upstream."""
+
+    @staticmethod
+    def forward(op: str, mode: str, *ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return _reduce_ipus(op, mode, ts)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.op, ctx.mode = inputs[0], inputs[1]
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        if ctx.op != "add":
+            raise AutodiffError(f"all_reduce (across IPUs) with op '{ctx.op}' has no gradient: only 'add' is "
+                                "supported by autodiff, as in PopXL",
+                                fix="use op='add', or keep the all_reduce out of the differentiated graph")
+        if ctx.mode == "identical_grad_inputs":
+            return (None, None, *(g.clone() for g in grads))
+        total = _sum(grads)
+        return (None, None, total, *(total.clone() for _ in grads[1:]))
+
+
+def all_reduce_ipus(ts: list[torch.Tensor], op: str, mode: str) -> tuple[torch.Tensor, ...]:
+    """One result per input tensor (see ``IPU_REDUCE_MODES``); differentiable when an input requires grad."""
+    if any(t.requires_grad for t in ts):
+        return _AllReduceIpus.apply(op, mode, *ts)
+    return _reduce_ipus(op, mode, ts)

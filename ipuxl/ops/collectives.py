@@ -6,25 +6,31 @@ of the ``Ir``). ``op`` is one of ``add``, ``mean``, ``mul``, ``min``, ``max``,
 replica (an all-reduce returns a copy). The session runs them exactly, in replica
 order (the kernels are in ``ipuxl.kernels.collectives``; the device runs the replicas,
 see ``ipuxl.device.replicas``).
+
+``all_reduce`` (and its identical-inputs forms) reduces instead across the IPUs of one
+replica: one tensor per IPU in, one result per IPU out.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 import torch
 
 from ipuxl.ir.build import emit
-from ipuxl.errors import InvalidArgumentError, ReplicationError, ShapeMismatchError
-from ipuxl.ir import context
+from ipuxl.errors import (
+    InvalidArgumentError, InvalidValueError, PlacementError, ReplicationError, ShapeMismatchError, UndefinedValue,
+)
+from ipuxl.ir import context, placement
 from ipuxl.ir.graph import describe
-from ipuxl.ir.meta import META_SHAPE
+from ipuxl.ir.meta import IPU, META_SHAPE
 from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.ir.tensor import Tensor
 from ipuxl.kernels import collectives as kernels
 from ipuxl.kernels import remote as remote_kernels
 
 __all__ = ["replicated_all_reduce", "replicated_all_reduce_", "replicated_reduce_scatter",
-           "replicated_all_gather", "CollectiveOps", "replica_sharded_slice", "replicated_slice", "check_group"]
+           "replicated_all_gather", "CollectiveOps", "replica_sharded_slice", "replicated_slice", "check_group",
+           "all_reduce", "all_reduce_identical_inputs", "all_reduce_identical_grad_inputs"]
 
 CollectiveOps = Literal["add", "mean", "mul", "min", "max", "and", "or", "square_add"]
 
@@ -198,3 +204,87 @@ def replicated_slice(t: Tensor, axis: int = 0, group: ReplicaGrouping | None = N
     shape[axis] //= g.group_size
     return emit("replicated_slice", remote_kernels.replicated_slice, (t, axis, g.stride, g.group_size),
                 meta_fn=lambda x, *_: torch.empty(shape, dtype=x.dtype, device="meta"), name=f"{t.name}_sliced")
+
+
+# -- across the IPUs of one replica ------------------------------------------------------------------
+def all_reduce(ts: Sequence[Tensor], ipus: Sequence[int] | None = None, op: CollectiveOps = "add") -> list[Tensor]:
+    """Reduce the tensors ``ts``, one per IPU, across the IPUs of a replica (PopXL's).
+
+    Output ``i`` lives on IPU ``ipus[i]`` and holds the reduction of all of ``ts`` (in
+    IPU order). Only ``op="add"`` has a gradient (the sum of the output gradients, for
+    every input), as in PopXL.
+
+    Args:
+        ts: the tensors to reduce, of one shape and dtype.
+        ipus: the IPU of each tensor; by default each tensor's ``ipu``.
+        op: ``add``, ``mean``, ``mul``, ``min``, ``max``, ``and``, ``or`` or ``square_add``.
+
+    Raises:
+        PlacementError: (a ValueError, as PopXL's) ``ipus`` not given and a tensor's IPU
+            is undefined (a graph input, a variable built outside every ``ipu(n)``).
+        InvalidValueError: (a ValueError) an unknown ``op``, or ``ts`` and ``ipus`` of
+            different lengths.
+        ShapeMismatchError: the tensors differ in shape or dtype.
+
+    Example:
+        >>> with popxl.ipu(0):
+        ...     a = x0 * 2
+        >>> with popxl.ipu(1):
+        ...     b = x1 * 3
+        >>> a_sum, b_sum = ops.collectives.all_reduce([a, b])   # a_sum on IPU 0, b_sum on IPU 1
+    """
+    return _all_reduce_ipus("all_reduce", ts, ipus, op, "all_reduce")
+
+
+def all_reduce_identical_inputs(ts: Sequence[Tensor], ipus: Sequence[int] | None = None,
+                                op: CollectiveOps = "add") -> list[Tensor]:
+    """``all_reduce`` of tensors known to be identical: the forward is the identity (each
+    output is its input), the gradient an all-reduce (add) of the output gradients, as PopXL's."""
+    return _all_reduce_ipus("all_reduce_identical_inputs", ts, ipus, op, "identical_inputs")
+
+
+def all_reduce_identical_grad_inputs(ts: Sequence[Tensor], ipus: Sequence[int] | None = None,
+                                     op: CollectiveOps = "add") -> list[Tensor]:
+    """``all_reduce`` whose output gradients are known to be identical: the forward is an
+    all-reduce, the gradient the identity (each input gets its output's), as PopXL's."""
+    return _all_reduce_ipus("all_reduce_identical_grad_inputs", ts, ipus, op, "identical_grad_inputs")
+
+
+def _all_reduce_ipus(op_name: str, ts: Sequence[Tensor], ipus: Sequence[int] | None, op: str,
+                     mode: str) -> list[Tensor]:
+    if op not in kernels.REDUCTIONS:
+        raise InvalidValueError(f"{op_name}: Not a valid op: {op}. Must choose from: {', '.join(kernels.REDUCTIONS)}",
+                                where=context.user_source_line(), fix="pass one of the ops listed")
+    ts = list(ts)
+    for t in ts:
+        if not isinstance(t, Tensor):
+            raise InvalidArgumentError(f"{op_name} needs a list of Tensors, got {describe(t)} in it",
+                                       where=context.user_source_line(), fix="pass tensors of the current graph")
+    if not ts:
+        raise InvalidValueError(f"{op_name}: no tensors to reduce", where=context.user_source_line(),
+                                fix="pass one tensor per IPU")
+    ipus = _ipus_of(op_name, ts) if ipus is None else list(ipus)
+    if len(ts) != len(ipus):
+        raise InvalidValueError(f"{op_name}: Number of specified tensor does not equal number of specified IPUs. "
+                                f"{len(ts)} != {len(ipus)}", where=context.user_source_line(),
+                                fix="give one IPU per tensor")
+    specs = {(t.shape, t.spec.dtype) for t in ts}
+    if len(specs) > 1:
+        raise ShapeMismatchError(f"{op_name}: the tensors differ in shape or dtype: "
+                                 f"{', '.join(describe(t) for t in ts)}", where=context.user_source_line(),
+                                 fix="reduce tensors of one shape and dtype")
+    with placement.unchecked():  # reads one tensor of each IPU, as PopXL's op
+        outs = emit(op_name, kernels.all_reduce_ipus, (ts, op, mode), num_outputs=len(ts),
+                    meta_fn=lambda xs, *_: tuple(torch.empty_like(x) for x in xs), name="all_reduce_out")
+    for out, ipu in zip(outs, ipus):
+        out.node.meta[IPU] = ipu
+    return list(outs)
+
+
+def _ipus_of(op_name: str, ts: list[Tensor]) -> list[int]:
+    try:
+        return [t.ipu for t in ts]
+    except UndefinedValue as error:
+        raise PlacementError(f"{op_name}: Could not automatically infer the IPU of all input Tensors `ts`. Please "
+                             "specify the IPUs via the `ipus` parameter.", where=context.user_source_line(),
+                             fix="pass ipus=[...], one IPU per tensor") from error

@@ -16,9 +16,20 @@ run in order, each reading the tensor after the previous one wrote it, so one te
 passed by reference to both branches ends with exactly the taken branch's writes. Collectives in a branch run on
 every replica whichever branch it takes (their values are kept only where taken).
 
-Differs from PopXL: since both branches run, a branch must not transfer host data
-(the number of transfers per run would depend on data) or print: those are refused
-with an ``InvalidValueError`` (a ValueError).
+Host transfers in a branch are PopXL's: only the branch taken takes (``host_load``) or
+gives (``host_store``) slices of the run's streams. The select graph's two calls carry
+an ``IO_GATE`` record, and the device hands the branch not taken blank stream cursors
+(``kernels.host_io.gate_cursors``): its loads read zeros, its stores go nowhere, and
+its outputs are discarded as above. A stream used in one branch (or more often in one
+than the other) therefore takes fewer slices in runs where that branch is not taken;
+the session checks the busier branch's count against ``num_host_transfers``, and the
+slices of a stored stream that no executed store filled are zeros.
+
+Differs from PopXL: since both branches are computed, a branch must not print or
+write Streaming Memory (``remote_store``), which would happen for the branch not taken
+too: those are refused with an ``InvalidValueError`` (a ValueError). The loads of the
+branch not taken see zeros, so an op that fails on zeros (integer division by a loaded
+value) fails even when its branch is not taken.
 """
 from __future__ import annotations
 
@@ -31,9 +42,9 @@ import torch
 from ipuxl.errors import CallIndexError, CallInputError, InvalidValueError
 from ipuxl.ir import context
 from ipuxl.ir.context import in_sequence
-from ipuxl.ir.calls import reachable_from
+from ipuxl.ir.calls import call_nodes, reachable_from
 from ipuxl.ir.graph import Graph
-from ipuxl.ir.meta import BY_REF, OP, ROLE, SOURCE, Role
+from ipuxl.ir.meta import BY_REF, IO_GATE, OP, SOURCE
 from ipuxl.ir.tensor import Tensor, TensorByRef, TensorSpec
 from ipuxl.ops.call import CallSiteInfo, call, call_with_info
 from ipuxl.ops.elementwise import where
@@ -42,8 +53,7 @@ from ipuxl.ops.var_updates import copy_var_update_
 
 __all__ = ["conditional", "conditional_with_info", "ConditionalSiteInfo"]
 
-_SIDE_EFFECT_OPS = {"host_load": "a host transfer (host_load)", "host_store": "a host transfer (host_store)",
-                    "print_tensor": "print_tensor"}
+_SIDE_EFFECT_OPS = {"print_tensor": "print_tensor", "remote_store": "a Streaming Memory write (remote_store)"}
 _SELECT_GRAPHS: "weakref.WeakKeyDictionary[Graph, dict[tuple[int, tuple[int, ...]], Graph]]" = (
     weakref.WeakKeyDictionary())  # then branch -> (id(else branch), cond shape) -> select graph
 
@@ -190,14 +200,13 @@ def _check_side_effects(branch: Graph) -> None:
     for graph in reachable_from([branch]):
         for node in graph.fx.nodes:
             effect = _SIDE_EFFECT_OPS.get(node.meta.get(OP, ""))
-            if node.meta.get(ROLE) in Role.STREAMS:
-                effect = "a host transfer"
             if effect:
                 raise InvalidValueError(
                     f"conditional: branch '{branch.name}' contains {effect} (in graph '{graph.name}'); ipuxl "
-                    "computes both branches and keeps one's results, so a branch may not transfer host data "
-                    "or print", where=node.meta.get(SOURCE) or context.user_source_line(),
-                    fix="move host transfers and prints out of the branches: apply them to the conditional's "
+                    "computes both branches and keeps one's results, so a branch may not print or write "
+                    "Streaming Memory (host transfers are fine: only the branch taken does them)",
+                    where=node.meta.get(SOURCE) or context.user_source_line(),
+                    fix="move prints and remote stores out of the branches: apply them to the conditional's "
                         "outputs")
 
 
@@ -217,8 +226,8 @@ def _select_graph(then_branch: Graph, else_branch: Graph, cond_spec: TensorSpec)
                 flag = reshape(cond, ()) if cond.shape != () else cond
                 then_args = _branch_args(flag, then_branch, xs[:n_then], True)
                 else_args = _branch_args(flag, else_branch, xs[n_then:], False)
-                outs_then = call(then_branch, *then_args)
-                outs_else = call(else_branch, *else_args)
+                outs_then = _gated_call(then_branch, then_args, True)
+                outs_else = _gated_call(else_branch, else_args, False)
                 _write_back(flag, then_branch, xs[:n_then], then_args, True)
                 _write_back(flag, else_branch, xs[n_then:], else_args, False)
                 return tuple(where(flag, a, b) for a, b in zip(outs_then, outs_else))
@@ -226,6 +235,15 @@ def _select_graph(then_branch: Graph, else_branch: Graph, cond_spec: TensorSpec)
         specs = [TensorByRef(t.spec) if _by_ref(t) else t.spec for t in (*then_branch.inputs, *else_branch.inputs)]
         cache[key] = then_branch.ir.create_graph(conditional_select, cond_spec, *specs)
     return cache[key]
+
+
+def _gated_call(branch: Graph, args: list[Tensor], taken_when: bool) -> tuple[Tensor, ...]:
+    """Call ``branch`` from the select graph; its host transfers happen only when the
+    condition (the select graph's input 0) is ``taken_when`` (``IO_GATE``, see the module note)."""
+    outputs = call(branch, *args)
+    site = list(call_nodes(context.gcg()))[-1]
+    site.meta[IO_GATE] = (0, taken_when)
+    return outputs
 
 
 def _by_ref(t: Tensor) -> bool:

@@ -18,14 +18,14 @@ from ipuxl.errors import CheckpointError, InvalidArgumentError, InvalidValueErro
 rng = np.random.default_rng(0)
 
 
-def _task_session(seed: int, max_checkpoints: int = 1) -> TaskSession:
+def _task_session(seed: int, max_checkpoints: int = 1, memmap_dir: str | None = None) -> TaskSession:
     np.random.seed(seed)
     ir = ipuxl.Ir()
     with ir.main_graph:
         inputs = addons.InputStreams(x=((2, 4), ipuxl.float32))
         x = ops.host_load(inputs.x)
         facts, graph = addons.Linear(3).create_graph(x)
-        variables = facts.init()
+        variables = facts.init(memmap_dir=memmap_dir)
         (y,) = graph.bind(variables).call(x)
         outputs = addons.OutputStreams(y=((2, 3), ipuxl.float32))
         ops.host_store(outputs.y, y)
@@ -96,3 +96,23 @@ def test_task_session_keeps_max_checkpoints_and_reports_missing_names(tmp_path, 
         session.save_checkpoint("wandb://run/model")
     with pytest.raises(InvalidValueError, match="must implement save and resume"):
         session.dataloader = object()
+
+
+def test_load_checkpoint_skip_memmap_keeps_the_values_of_memory_mapped_variables(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    source = _task_session(0)
+    with source:
+        source.save_checkpoint("ckpt")
+    saved = {k: v.copy() for k, v in source.get_tensors_data(source.state.tensors).items()}
+    mapped = _task_session(1, memmap_dir=str(tmp_path / "weights"))
+    in_files = {k: v.copy() for k, v in mapped.get_tensors_data(mapped.state.tensors).items()}
+    with mapped:
+        mapped.load_checkpoint("ckpt", skip_memmap=True)
+        for t in mapped.state.tensors:
+            np.testing.assert_array_equal(mapped.get_tensor_data(t), in_files[t])
+        mapped.load_checkpoint("ckpt")
+        for name, t in mapped.state.to_dict().items():
+            np.testing.assert_array_equal(mapped.get_tensor_data(t), saved[source.state.to_dict()[name]])
+    assert not np.array_equal(in_files[mapped.state.weight], saved[source.state.weight])  # the test can tell
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "weights" / "weight.npy", np.float32).reshape(4, 3),
+                                  saved[source.state.weight])  # the loaded values went to the file

@@ -149,7 +149,7 @@ def test_a_renamed_module_reads_as_an_attribute_and_is_removed_by_uninstall():
 
 @pytest.mark.parametrize("upstream, fragment", [
     ("popxl.fp8_utils", "'popxl.fp8_utils' is part of PopXL but ipuxl does not provide it"),  # remote_buffer exists (#17)
-    ("popxl_addons.route_tensor", "'popxl_addons.route_tensor' is part of popxl.addons"),  # rts exists (#17)
+    ("popxl_addons.input_factory", "'popxl_addons.input_factory' is part of popxl.addons"),  # rts exists
     ("poptorch.profiling", "'poptorch.profiling' is part of PopTorch"),
     ("popxl.not_a_module", "No module named 'popxl.not_a_module'"),
     ("poptorch.not_a_module", "No module named 'poptorch.not_a_module'"),

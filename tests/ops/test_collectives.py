@@ -14,7 +14,7 @@ from ipuxl.kernels import collectives as kernels
 from ipuxl.errors import DeviceError, InvalidArgumentError, ReplicationError, ShapeMismatchError, StreamInputError
 from ipuxl.ir.meta import OP
 
-from ._harness import randn
+from ._harness import check_op, randn
 
 F32 = ipuxl.float32
 
@@ -391,3 +391,82 @@ def test_autodiff_keeps_the_all_gather_a_collective():
         ipuxl.transforms.autodiff(graph)
     ops_in_forward = [n.meta.get(OP) for n in graph.fx.nodes]
     assert "replicated_all_gather" in ops_in_forward
+
+
+# -- all_reduce across the IPUs of one replica ------------------------------------------------------------
+def _sum_of(xs):
+    total = xs[0]
+    for x in xs[1:]:
+        total = total + x
+    return total
+
+
+def _identity_forward_sum_backward(*xs):
+    """torch: outputs equal their inputs; each input's gradient is the sum of the output gradients."""
+    s = _sum_of(xs)
+    return [x.detach() + (s - s.detach()) for x in xs]
+
+
+def _sum_forward_identity_backward(*xs):
+    """torch: every output is the sum; each input's gradient is its own output's gradient."""
+    s = _sum_of(xs).detach()
+    return [s + (x - x.detach()) for x in xs]
+
+
+@pytest.mark.parametrize("fn, reference", [
+    (ops.collectives.all_reduce, lambda *xs: [_sum_of(xs) for _ in xs]),
+    (ops.collectives.all_reduce_identical_inputs, _identity_forward_sum_backward),
+    (ops.collectives.all_reduce_identical_grad_inputs, _sum_forward_identity_backward),
+], ids=["all_reduce", "identical_inputs", "identical_grad_inputs"])
+def test_all_reduce_across_ipus_values_and_gradients(fn, reference):
+    check_op(lambda *ts: fn(list(ts), ipus=[0, 1, 2]), reference, [(2, 3), (2, 3), (2, 3)])
+
+
+@pytest.mark.parametrize("op", ["add", "mean", "mul", "min", "max", "square_add"])
+def test_all_reduce_across_ipus_places_one_result_on_each_ipu(op):
+    data = [randn((4,), np.float32, seed=i) for i in range(2)]
+    ir = ipuxl.Ir()
+    with ir.main_graph:
+        parts = []
+        for i, d in enumerate(data):
+            with ipuxl.ipu(i):
+                parts.append(ipuxl.variable(d, name=f"x{i}") * 1.0)
+        outs = ops.collectives.all_reduce(parts, op=op)
+        assert [t.ipu for t in outs] == [0, 1]
+        streams = []
+        for i, t in enumerate(outs):
+            with ipuxl.ipu(i):  # a store on another IPU would need an ipu_copy
+                streams.append(ipuxl.d2h_stream(t.shape, t.dtype, f"y{i}"))
+                ops.host_store(streams[-1], t)
+    with ipuxl.Session(ir, "cpu") as session:
+        got = session.run()
+    for s in streams:
+        np.testing.assert_allclose(got[s], NUMPY_REDUCE[op](np.stack(data)), rtol=1e-6)
+
+
+def test_all_reduce_across_ipus_errors():
+    ir = ipuxl.Ir()
+    with ir.main_graph:
+        with ipuxl.ipu(0):
+            a = ipuxl.variable(np.zeros(3, np.float32), name="a") + 1.0
+        with ipuxl.ipu(1):
+            b = ipuxl.variable(np.zeros(3, np.float32), name="b") + 1.0
+            c = ipuxl.variable(np.zeros(4, np.float32), name="c") + 1.0
+        unplaced = ipuxl.variable(np.zeros(3, np.float32), name="unplaced")
+        with pytest.raises(ValueError, match="Could not automatically infer the IPU"):
+            ops.collectives.all_reduce([a, unplaced])
+        with pytest.raises(ValueError, match="Number of specified tensor does not equal number of specified IPUs. 2 != 3"):
+            ops.collectives.all_reduce([a, b], ipus=[0, 1, 2])
+        with pytest.raises(ValueError, match="Not a valid op: sum"):
+            ops.collectives.all_reduce([a, b], op="sum")
+        with pytest.raises(ShapeMismatchError, match="differ in shape or dtype"):
+            ops.collectives.all_reduce([a, c])
+        assert len(ops.collectives.all_reduce([a, unplaced], ipus=[0, 1])) == 2
+
+
+def test_all_reduce_across_ipus_has_a_gradient_only_for_add():
+    spec = ipuxl.TensorSpec((3,), F32)
+    ir = ipuxl.Ir()
+    graph = ir.create_graph(lambda x, y: tuple(ops.collectives.all_reduce([x, y], ipus=[0, 1], op="max")), spec, spec)
+    with pytest.raises(ValueError, match="only 'add' is supported by autodiff"):
+        ipuxl.transforms.autodiff(graph)
