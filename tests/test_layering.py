@@ -67,6 +67,7 @@ FOREIGN_PRIVATES = {
     "_DisableFuncTorch",  # known values: plain eager computation inside a functionalized trace
     "_scaled_dot_product_attention_math",  # attention whose mask needs a gradient: aten's math kernel
     "_get_node_type",  # pytree's node type of an object (is it a container pytree flattens?)
+    "_dispatch_has_kernel_for_dispatch_key",  # whether an op's out= form has a device kernel (memory plan)
 }
 
 

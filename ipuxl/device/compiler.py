@@ -5,8 +5,9 @@ functions: a graph called from many sites stays one function (compiled once, her
 first time a caller is lowered), and a graph with a single call site, or a weight's Adam
 step (``Compiler.inlines``), is inlined into its caller. The device's rewrites
 (``ipuxl.device.rewrites``: dead code, fused updates, kernel choice) then run on the fx
-graph, once each, in their registry's order, and only then is the Python code generated.
-Which rewrites changed each graph is kept (``applied``).
+graph, once each, in their registry's order; the memory plan (``device.memory_plan``)
+puts its large results in buffers kept between steps, and only then is the Python code
+generated. Which rewrites changed each graph is kept (``applied``).
 
 A compiled program reads its variables as module attributes (one ``GraphModule`` per
 replica, the same code); ``pad_matrices`` lays out some of them in padded rows
@@ -20,6 +21,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ipuxl.device.layout import needs_padding, paddable_attrs, padded_like
+from ipuxl.device.memory_plan import plan_memory
 from ipuxl.device.rewrites import apply_rewrites
 from ipuxl.ir.calls import call_nodes, callee_of, does_host_io
 from ipuxl.ir.graph import Graph, identifier
@@ -27,6 +29,7 @@ from ipuxl.ir.ir import Ir
 from ipuxl.ir.lower import compiled_callee, lower_to_fx
 from ipuxl.ir.meta import OP
 from ipuxl.ir.streams import Stream
+from ipuxl.kernels.workspace import Workspace
 
 __all__ = ["CompiledGraph", "Compiler", "count_call_sites", "replica_program"]
 
@@ -59,6 +62,10 @@ class Compiler:
         """Each called graph that was not inlined everywhere, compiled."""
         self.applied: dict[Graph, tuple[str, ...]] = {}
         """Every compiled graph (the main graph included): the rewrites that changed it, in order."""
+        self.workspace = Workspace()
+        """The buffers of the programs' large results (``device.memory_plan``)."""
+        self.planned: dict[Graph, int] = {}
+        """Every compiled graph: how many of its results the memory plan put in workspace buffers."""
         self._io_index = io_index
         self._call_sites = count_call_sites(ir)
 
@@ -66,6 +73,7 @@ class Compiler:
         """Lower ``graph`` (inlining graphs with one call site), run the rewrites, generate its code."""
         root, code = lower_to_fx(graph, self.callee, attrs, inline=self.inlines, io_index=self._io_index)
         code, self.applied[graph] = apply_rewrites(code)
+        self.planned[graph] = plan_memory(code, root, self.workspace, self.device)
         # the Python code is generated once, after the rewrites
         module = torch.fx.GraphModule(root, code, class_name=identifier(f"ipuxl.{graph.name}"))
         return module.to(self.device)

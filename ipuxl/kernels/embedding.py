@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["add_embedding_grad"]
+__all__ = ["add_embedding_grad", "embedding_grad_into"]
 
 
 def add_embedding_grad(other: torch.Tensor, grad_output: torch.Tensor, indices: torch.Tensor, padding_idx: int,
@@ -31,3 +31,12 @@ def add_embedding_grad(other: torch.Tensor, grad_output: torch.Tensor, indices: 
         rows, index = rows[kept], index[kept]
     out = other if in_place else other.clone()
     return out.index_add_(0, index, rows.to(out.dtype))
+
+
+def embedding_grad_into(out: torch.Tensor, grad_output: torch.Tensor, indices: torch.Tensor,
+                        padding_idx: int) -> torch.Tensor:
+    """``embedding_dense_backward(grad_output, indices, len(out), padding_idx, False)`` written
+    into ``out`` (zeroed first): bit for bit aten's, which adds each token's row into
+    zeros in token order too. The device's memory plan writes a large dense embedding
+    gradient into a kept buffer this way (``device.memory_plan``)."""
+    return add_embedding_grad(out.zero_(), grad_output, indices, padding_idx, True)

@@ -11,7 +11,7 @@ from typing import Any, Callable, cast
 import torch
 import torch.fx as fx
 
-__all__ = ["input_node", "val", "alpha", "is_scalar", "update_term", "replace_node", "retarget"]
+__all__ = ["input_node", "val", "alpha", "is_scalar", "update_term", "replace_node", "retarget", "embedding_grad_args"]
 
 
 def input_node(node: fx.Node, i: int) -> fx.Node | None:
@@ -73,3 +73,10 @@ def retarget(graph: fx.Graph, targets: dict[Any, Callable[..., Any]]) -> bool:
             node.target = targets[node.target]
             changed = True
     return changed
+
+
+def embedding_grad_args(node: fx.Node) -> tuple[Any, ...]:
+    """An ``embedding_dense_backward`` node's ``(grad_output, indices, num_weights, padding_idx,
+    scale_grad_by_freq)``, given by position or by name."""
+    names = ("grad_output", "indices", "num_weights", "padding_idx", "scale_grad_by_freq")
+    return tuple(node.args[i] if i < len(node.args) else node.kwargs[n] for i, n in enumerate(names))

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ipuxl.device.rewrites._nodes import replace_node
+from ipuxl.device.rewrites._nodes import embedding_grad_args, replace_node
 from ipuxl.device.rewrites.inverse_transposes import fold_inverse_transposes
 from ipuxl.kernels.embedding import add_embedding_grad
 from ipuxl.passes.result import PassResult
@@ -50,7 +50,7 @@ def fuse_embedding_grads(graph: fx.Graph) -> PassResult:
         a, b = node.args
         for x, grad in ((a, b), (b, a)):
             if _dense_embedding_grad(grad, node) and isinstance(x, fx.Node) and _same_tensor_type(x, grad):
-                g, ids, _, pad, _ = _embedding_grad_args(grad)
+                g, ids, _, pad, _ = embedding_grad_args(grad)
                 in_place = x.op == "call_function" and x.target in _FRESH and len(x.users) == 1
                 replace_node(graph, node, add_embedding_grad, (x, g, ids, pad, in_place), {}, dead=(grad,))
                 changed = True
@@ -59,13 +59,8 @@ def fuse_embedding_grads(graph: fx.Graph) -> PassResult:
 
 
 def _is_plain_add(node: fx.Node) -> bool:
-    return (node.op == "call_function" and node.target in _ADDS and len(node.args) == 2
-            and node.kwargs.get("alpha", 1) == 1 and set(node.kwargs) <= {"alpha"})
-
-
-def _embedding_grad_args(node: fx.Node) -> tuple:
-    names = ("grad_output", "indices", "num_weights", "padding_idx", "scale_grad_by_freq")
-    return tuple(node.args[i] if i < len(node.args) else node.kwargs[n] for i, n in enumerate(names))
+    return bool(node.op == "call_function" and node.target in _ADDS and len(node.args) == 2
+                and node.kwargs.get("alpha", 1) == 1 and set(node.kwargs) <= {"alpha"})
 
 
 def _dense_embedding_grad(node: object, add: fx.Node) -> bool:
@@ -73,7 +68,7 @@ def _dense_embedding_grad(node: object, add: fx.Node) -> bool:
     if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target is _EMBEDDING_GRAD
             and list(node.users) == [add]):
         return False
-    *_, pad, scale = _embedding_grad_args(node)
+    *_, pad, scale = embedding_grad_args(node)
     return scale is False and isinstance(pad, int)
 
 
