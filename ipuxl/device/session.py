@@ -280,6 +280,11 @@ class Session:
             finally:
                 self._attached = False
                 self._failed_run = None
+                self.free_buffers()
+
+    def free_buffers(self) -> None:
+        """ipuxl only: free the memory plan's buffers (``device.memory_plan``; made again on use)."""
+        self._compiler.workspace.clear()
 
     def _require_attached(self, what: str) -> None:
         if not self._attached:

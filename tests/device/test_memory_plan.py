@@ -172,3 +172,19 @@ def test_two_replicas_taking_turns_keep_their_own_buffers():
     for _ in range(2):
         logits, _ = run(ids, labels)
         torch.testing.assert_close(logits, want_logits.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_detaching_frees_the_buffers_and_the_next_call_makes_them_again():
+    torch.manual_seed(2)
+    model = LM().eval()
+    ids, labels = torch.randint(0, 2100, (2, 64)), torch.randint(0, 2100, (2, 64))
+    want, _ = model(ids, labels)
+    run = ipuxl.inferenceModel(copy.deepcopy(model))
+    run(ids, labels)
+    workspace = run.session._compiler.workspace
+    assert workspace.nbytes() >= 2 * 64 * 2100 * 4  # at least the logits' buffer
+    run.detachFromDevice()
+    assert workspace.nbytes() == 0
+    logits, _ = run(ids, labels)
+    torch.testing.assert_close(logits, want.detach(), rtol=1e-5, atol=1e-5)
+    assert workspace.nbytes() > 0

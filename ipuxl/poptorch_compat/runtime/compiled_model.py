@@ -474,6 +474,8 @@ class CompiledModel:
         if seed is not None and not self._seed_dirty:
             self._seed = seed  # rng_state keeps reading the device's state while detached
         self._sync.attached = False
+        if self._sync.compiled is not None:
+            self._sync.compiled.session.free_buffers()  # device memory goes with the device
 
     def attachToDevice(self) -> None:  # noqa: N802
         """Attach again after ``detachFromDevice``; the host weights are copied to the device."""
