@@ -52,7 +52,8 @@ class DeviceVariables:
         self._created_at = created_at
         records = ir.variable_records
         self.records = {r.tensor: r for r in records.values()}
-        self.host = {r.tensor: self._initial_host(r) for r in records.values()}
+        self.host = _HostBuffers(lambda tensor: self._initial_host(self.records[tensor]))
+        """Each variable's host buffer, made on first use (``_HostBuffers``)."""
         self.memory = StreamingMemory(ir, plan, device)  # remote buffers (device.streaming_memory)
         given = storage or {}
         bound = {id(t) for t in given}  # their first local replica's storage is bound below, never copied
@@ -153,8 +154,8 @@ class DeviceVariables:
     def to_host(self) -> None:
         """Copy every variable from the device to its host buffer (see ``Session.weights_to_host``)."""
         local = self._plan.local
-        for tensor, host in self.host.items():
-            record, attr = self.records[tensor], attr_of(tensor)
+        for tensor in self.records:
+            record, attr, host = self.records[tensor], attr_of(tensor), self.host[tensor]
             if record.shard_over:  # full tensors from the replicas' shards (device.streaming_memory)
                 read_host(record, host, self._num_replicas,
                           lambda r: self.replicas[local.index(r)][attr] if r in local
@@ -176,8 +177,10 @@ class DeviceVariables:
 
     def from_host(self) -> None:
         """Copy every variable's host buffer to the device (each replica its row)."""
-        for tensor, host in self.host.items():
-            self._load_replicas(tensor, host)
+        for tensor, record in self.records.items():
+            # a buffer never made still holds the initial value: load that, without making it
+            initial = tensor not in self.host and self._host_replicas(record) is None
+            self._load_replicas(tensor, record.data if initial else self.host[tensor])
         self.memory.from_host()
 
     def _load_replicas(self, tensor: Variable, host: np.ndarray) -> None:
@@ -245,6 +248,23 @@ class DeviceVariables:
                 f"(at {self._created_at}), so the session's compiled program does not have it",
                 where=tensor.node.meta.get(SOURCE) or user_source_line(),
                 fix="create a new Session after changing the IR: a Session compiles the IR once, when it is created")
+
+
+class _HostBuffers(dict):
+    """Host buffers made on first use: a copy of the variable's initial value (its IR data).
+
+    Until a program's variables are read back or written from the host, its session holds
+    no second host copy of them (a model's weights and optimiser state: as much memory as
+    the device copies). A buffer never made holds, by definition, the initial value.
+    """
+
+    def __init__(self, make: Callable[[Variable], np.ndarray]):
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, tensor: Variable) -> np.ndarray:
+        made = self[tensor] = self._make(tensor)
+        return made
 
 
 def attr_of(tensor: Variable | Constant) -> str:

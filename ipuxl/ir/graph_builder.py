@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
     from ipuxl.ir.ir import Ir
 
-__all__ = ["build_graph", "graph_input", "graph_output", "variable", "constant", "Module",
+__all__ = ["build_graph", "graph_input", "graph_output", "variable", "given_variable", "constant", "Module",
            "grouped_shape", "host_array"]
 
 class Module:
@@ -113,6 +113,22 @@ def variable(data: Any, dtype: DTypeLike | None = None, name: str | None = None,
             (PopXL's float8 options; ipuxl has no float8).
     """
     float8_options_unset(f"variable '{name or 't'}'", log2_scale, nan_on_overflow)
+    return _variable(data, dtype, name, downcast, replica_grouping, retrieval_mode, given=False)
+
+
+def given_variable(array: np.ndarray, dtype: DTypeLike, name: str) -> Variable:
+    """``variable(array, dtype, name=name, downcast=False)`` for an array its caller gives
+    to the IR: kept as the variable's initial host data, not copied, when it is contiguous,
+    writable and of the variable's dtype. The caller's promise: nothing writes the array
+    behind the IR's back before a session has been made from it, or only as the program's
+    own host side (PopTorch's host model: its weights start the program). A model's weights
+    are then not copied again, and optimiser state made by ``np.zeros`` holds no memory
+    until written."""
+    return _variable(array, dtype, name, False, None, None, given=True)
+
+
+def _variable(data: Any, dtype: DTypeLike | None, name: str | None, downcast: bool, replica_grouping: Any,
+              retrieval_mode: str | None, given: bool) -> Variable:
     graph = context.gcg()
     if not graph.is_main:
         raise WrongGraphError(
@@ -122,7 +138,8 @@ def variable(data: Any, dtype: DTypeLike | None = None, name: str | None = None,
             fix="create it under `with ir.main_graph:` and pass it to the subgraph as an "
                 "input (ipuxl.graph_input), or use ipuxl.constant",
         )
-    array, torch_dtype = host_array(data, dtype, downcast, f"variable '{name or 'variable'}'", keep_memmap=True)
+    array, torch_dtype = host_array(data, dtype, downcast, f"variable '{name or 'variable'}'", keep_memmap=True,
+                                    given=given)
     ir = graph.ir
     shape = grouped_shape(ir, name or "variable", array.shape, replica_grouping, retrieval_mode)
     attr = ir.unique_name(set(ir.variable_records) | set(graph.constant_data), _attr_name(name or "t"))
@@ -240,13 +257,15 @@ def _outputs(graph: "Graph", name: str, result: Any) -> list[Tensor]:
 
 
 def host_array(data: Any, dtype: Any, downcast: bool, subject: str,
-               keep_memmap: bool = False) -> tuple[np.ndarray, torch.dtype]:
+               keep_memmap: bool = False, given: bool = False) -> tuple[np.ndarray, torch.dtype]:
     """A private host copy of ``data`` and the device dtype (PopXL's downcast rule), for a
     variable or constant (``ipuxl.variable``, ``constant``, ``ir.remote``'s variables).
 
     ``keep_memmap``: a writable ``np.memmap`` already of the device's host dtype is kept,
     not copied (a variable's host value then lives in its file: ``Session.weights_to_host``
-    writes it there, as popxl.addons' ``init(memmap_dir=...)`` intends).
+    writes it there, as popxl.addons' ``init(memmap_dir=...)`` intends). ``given``: a numpy
+    array the caller gives away is kept when it owns its contiguous, writable memory and
+    has the target dtype (``given_variable``).
 
     Raises:
         InvalidArgumentError: ``data`` is a graph tensor, or its dtype (or ``dtype``)
@@ -269,6 +288,9 @@ def host_array(data: Any, dtype: Any, downcast: bool, subject: str,
         inferred = from_any(array.dtype, subject)
         target = DOWNCAST.get(inferred, inferred) if downcast else inferred
     if keep_memmap and isinstance(data, np.memmap) and data.flags.writeable and data.dtype == to_numpy_dtype(target):
+        return data, target
+    if (given and type(data) is np.ndarray and data.flags.c_contiguous and data.flags.writeable
+            and data.dtype == to_numpy_dtype(target)):
         return data, target
     return np.array(array, dtype=to_numpy_dtype(target), copy=True), target
 

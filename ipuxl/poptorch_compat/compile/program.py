@@ -55,7 +55,7 @@ from ipuxl.dtypes import to_numpy_dtype
 from ipuxl.ir.context import in_sequence
 from ipuxl.ir.grad_info import GradGraphInfo
 from ipuxl.ir.graph import Graph
-from ipuxl.ir.graph_builder import constant, graph_input, variable
+from ipuxl.ir.graph_builder import constant, given_variable, graph_input, variable
 from ipuxl.ir.ir import Ir
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream, d2h_stream, h2d_stream
 from ipuxl.ir.tensor import Tensor, Variable
@@ -261,7 +261,7 @@ def _add_variables(program: Program, forward: Graph, start: StartValues) -> None
         if value.dtype == np.float16 and dtype == torch.float32:  # runningStatisticsAlwaysFloat
             program.float_statistics[name] = variable(value.astype(np.float32), dtype, name=f"{name}.float32")
             dtype = torch.float16
-        held[name] = variable(value, dtype, name=name, downcast=False)
+        held[name] = given_variable(value, dtype, name)  # the start values are this program's own copies
     if traced.uses_seed:
         program.seed = _seed_variable(program.ir, start.seed)
 
@@ -390,7 +390,10 @@ def _add_optimizer_variables(program: Program, plans: list[ParamPlan],
             continue
         for state, spec in plan.state_specs(program.params[plan.name]).items():
             value = initial.get((plan.name, state))
-            data = spec.zeros() if value is None else np.asarray(value, to_numpy_dtype(spec.dtype)).reshape(spec.shape)
+            if value is None:  # zeros the IR keeps: no memory until the session writes them
+                program.states[(plan.name, state)] = given_variable(spec.zeros(), spec.dtype, f"{plan.name}.{state}")
+                continue
+            data = np.asarray(value, to_numpy_dtype(spec.dtype)).reshape(spec.shape)
             program.states[(plan.name, state)] = variable(data, spec.dtype, name=f"{plan.name}.{state}")
 
 

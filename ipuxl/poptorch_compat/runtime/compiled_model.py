@@ -61,7 +61,7 @@ from ipuxl.poptorch_compat.runtime.connection import attaches, refuse_offline
 from ipuxl.poptorch_compat.runtime.executable_file import input_specs
 from ipuxl.poptorch_compat.runtime.perf import CallTimes
 from ipuxl.poptorch_compat.runtime.weight_sync import Compiled, WeightSync
-from ipuxl.poptorch_compat.runtime.weights import HostSlots, named_tensors, to_numpy
+from ipuxl.poptorch_compat.runtime.weights import HostSlots, host_view, named_tensors, to_numpy
 from ipuxl.progress import graph_sizes, pipeline
 
 __all__ = ["CompiledModel", "refuse_second_training_wrapper", "NO_EXECUTABLE"]
@@ -340,7 +340,7 @@ class CompiledModel:
             states = sync.optimizer_states() if self.training else {}
             seed = None
         sync.pull_shared()
-        weights = {n: to_numpy(t) for n, t in named_tensors(self._model)}
+        weights = {n: host_view(t) for n, t in named_tensors(self._model)}
         anchors = plan_anchors(self.options, self.training, list(self._names.values()),
                                wrapped=self._model is not self._user_model)
         return StartValues(weights, states, self._seed if seed is None else seed, anchors)

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from ipuxl.device.session import Session
     from ipuxl.ir.tensor import Variable
 
-__all__ = ["Slot", "HostSlots", "SyncTarget", "named_tensors", "to_numpy", "install_sync_hooks", "remove_sync_hooks",
+__all__ = ["Slot", "HostSlots", "SyncTarget", "named_tensors", "to_numpy", "host_view", "install_sync_hooks", "remove_sync_hooks",
            "install_optimizer_hooks"]
 
 _EXECUTORS = "_ipuxl_executors"  # the attribute of a synced module holding its SyncTargets (weakly)
@@ -76,6 +76,16 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     """A copy of ``t``'s data as a numpy array (bfloat16, which numpy lacks, as float32)."""
     t = t.detach().cpu()
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy().copy()
+
+
+def host_view(t: torch.Tensor) -> np.ndarray:
+    """``t``'s data as a numpy array sharing its memory where numpy can (a contiguous CPU
+    tensor of a numpy dtype), else a copy (``to_numpy``): a new program's IR starts from
+    the host weights without holding a second copy of them."""
+    t = t.detach()
+    if t.device.type == "cpu" and t.dtype != torch.bfloat16 and t.is_contiguous() and not (t.is_conj() or t.is_neg()):
+        return t.numpy()
+    return to_numpy(t)
 
 
 def _owner(model: torch.nn.Module, name: str) -> tuple[dict[str, Any], str]:
