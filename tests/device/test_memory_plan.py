@@ -12,7 +12,10 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+import pytest
+
 import ipuxl
+from ipuxl.device import memory_plan
 from ipuxl.device.memory_plan import out_overload, plan_memory
 from ipuxl.kernels.workspace import Workspace, buffer
 
@@ -105,6 +108,7 @@ def test_small_results_and_ops_without_an_out_kernel_are_left_alone():
     b = _call(graph, aten.clone.default, a)  # clone's out= copies after the functional op
     graph.output(_call(graph, aten.sum.default, b))
     assert plan_memory(copy.deepcopy(graph), nn.Module(), Workspace(), CPU) == 0  # under MIN_BYTES
+    assert memory_plan.MIN_BYTES == 32 << 20
     plan_memory(graph, nn.Module(), Workspace(), CPU, min_bytes=0)
     assert set(_slots(graph)) == {a}
     assert out_overload(aten.nll_loss_backward.default) is aten.nll_loss_backward.grad_input
@@ -117,9 +121,15 @@ def test_cuda_programs_are_not_planned():
     assert plan_memory(graph, nn.Module(), Workspace(), torch.device("cuda"), min_bytes=0) == 0
 
 
+@pytest.fixture
+def plan_from_1_mib(monkeypatch):
+    """Plan results of 1 MiB or more (``MIN_BYTES`` is 32 MiB), so that small models exercise the plan."""
+    monkeypatch.setattr(memory_plan, "MIN_BYTES", 1 << 20)
+
+
 class LM(nn.Module):
     """A language model whose logits, their log-softmax and gradients and the table's
-    gradient are above ``MIN_BYTES``."""
+    gradient are above 1 MiB (``plan_from_1_mib``)."""
 
     def __init__(self, vocab=2100, width=128):
         super().__init__()
@@ -132,7 +142,7 @@ class LM(nn.Module):
         return logits, nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
-def test_training_with_planned_buffers_matches_eager_over_several_calls():
+def test_training_with_planned_buffers_matches_eager_over_several_calls(plan_from_1_mib):
     torch.manual_seed(0)
     model = LM()
     eager = copy.deepcopy(model)
@@ -161,7 +171,7 @@ def test_training_with_planned_buffers_matches_eager_over_several_calls():
     assert re.search(r"aten\._log_softmax\.out\(", code) and "embedding_grad_into(" in code, code
 
 
-def test_two_replicas_taking_turns_keep_their_own_buffers():
+def test_two_replicas_taking_turns_keep_their_own_buffers(plan_from_1_mib):
     torch.manual_seed(1)
     model = LM().eval()
     ids = torch.randint(0, 2100, (2 * 2 * 4, 64))
@@ -174,7 +184,7 @@ def test_two_replicas_taking_turns_keep_their_own_buffers():
         torch.testing.assert_close(logits, want_logits.detach(), rtol=1e-5, atol=1e-5)
 
 
-def test_detaching_frees_the_buffers_and_the_next_call_makes_them_again():
+def test_detaching_frees_the_buffers_and_the_next_call_makes_them_again(plan_from_1_mib):
     torch.manual_seed(2)
     model = LM().eval()
     ids, labels = torch.randint(0, 2100, (2, 64)), torch.randint(0, 2100, (2, 64))
