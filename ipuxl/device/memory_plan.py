@@ -29,6 +29,7 @@ Numerics: unchanged (the same kernels, writing elsewhere).
 """
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Any, Iterator
 
@@ -70,7 +71,7 @@ def plan_memory(graph: fx.Graph, root: torch.nn.Module, workspace: Workspace, de
         return 0
     min_bytes = MIN_BYTES if min_bytes is None else min_bytes
     order = {node: i for i, node in enumerate(graph.nodes)}
-    last = _lifetimes(graph, device, min_bytes)
+    last = _lifetimes(graph, order, device, min_bytes)
     if not last:
         return 0
     setattr(root, WORKSPACE_ATTR, workspace)
@@ -106,14 +107,14 @@ def _write_into_buffer(graph: fx.Graph, node: fx.Node, ws: fx.Node, slot: int, m
     node.target, node.kwargs = out, {**node.kwargs, name: buf}
 
 
-def _lifetimes(graph: fx.Graph, device: torch.device, min_bytes: int) -> dict[fx.Node, int]:
-    """The plannable results and the position of the last node reading each (or a view of it)."""
-    order = {node: i for i, node in enumerate(graph.nodes)}
+def _lifetimes(graph: fx.Graph, order: dict[fx.Node, int], device: torch.device,
+               min_bytes: int) -> dict[fx.Node, int]:
+    """The plannable results and the position (``order``) of the last node reading each (or a view of it)."""
     owner: dict[fx.Node, fx.Node] = {}  # a planned result's views -> the result
     last: dict[fx.Node, int] = {}
     escaped: set[fx.Node] = set()
     for node in graph.nodes:
-        for arg in _node_args(node):
+        for arg in node.all_input_nodes:
             result = owner.get(arg)
             if result is None or result in escaped:
                 continue
@@ -155,6 +156,7 @@ def _plannable(node: fx.Node, device: torch.device, min_bytes: int) -> bool:
     return out is not None and torch._C._dispatch_has_kernel_for_dispatch_key(out.name(), key)
 
 
+@functools.lru_cache(maxsize=None)
 def out_overload(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     """``op``'s ``out=`` form: the overload with the same arguments and one out argument."""
     packet = op.overloadpacket
@@ -212,6 +214,3 @@ def _mentions(value: Any, arg: fx.Node) -> bool:
         return any(_mentions(v, arg) for v in value)
     return value is arg
 
-
-def _node_args(node: fx.Node) -> list[fx.Node]:
-    return list(dict.fromkeys(node.all_input_nodes))
