@@ -19,9 +19,11 @@ A result is planned when:
   an optimiser step, an embedding gradient sum); a reader ipuxl cannot see into (a call
   of another compiled graph, any other Python function) keeps it out of the plan.
 
-Its lifetime runs from its op to the last reader of it or of any view of it. Buffers
-are matched by shape, strides and dtype; a buffer is free again after the node of its
-last reader, so a result never shares a buffer with its own inputs.
+Its lifetime runs from its op to the last reader of it or of any view of it. Each
+planned graph gets one arena (``kernels.workspace``); results get byte offsets in it,
+largest first, each at the lowest offset clear of the results alive at the same time
+(``_pack``): results never alive together share bytes, whatever their shapes and dtypes.
+Lifetimes include both ends, so a result never shares bytes with its own op's inputs.
 
 Only CPU programs are planned: torch's CUDA caching allocator already reuses memory.
 
@@ -39,6 +41,7 @@ import torch.fx as fx
 from ipuxl.device.host_memory import MMAP_THRESHOLD
 from ipuxl.device.rewrites._nodes import embedding_grad_args
 from ipuxl.kernels.embedding import add_embedding_grad, embedding_grad_into
+from ipuxl.kernels.losses import log_softmax_nll_grad
 from ipuxl.kernels.conv import convolution_backward
 from ipuxl.kernels.pool import max_pool2d_with_indices
 from ipuxl.kernels.workspace import Workspace, buffer
@@ -58,7 +61,7 @@ _UNANNOTATED_VIEWS = frozenset({_aten._unsafe_view.default})
 _READERS = frozenset({torch.add, torch.sub, torch.mul, torch.div, torch.neg, torch.clone, convolution_backward,
                       max_pool2d_with_indices})
 """Python functions that only read their tensor arguments and return new tensors."""
-_RETURN_FIRST = frozenset({add_embedding_grad, embedding_grad_into})
+_RETURN_FIRST = frozenset({add_embedding_grad, embedding_grad_into, log_softmax_nll_grad})
 """Kernels that may return their first argument and only read the others."""
 
 
@@ -74,27 +77,51 @@ def plan_memory(graph: fx.Graph, root: torch.nn.Module, workspace: Workspace, de
     last = _lifetimes(graph, order, device, min_bytes)
     if not last:
         return 0
+    first = {node: order[node] for node in last}
+    offsets, size = _pack(first, last)
+    arena = workspace.new_arena(size)
     setattr(root, WORKSPACE_ATTR, workspace)
     with graph.inserting_before(next(iter(graph.nodes))):
         ws = graph.get_attr(WORKSPACE_ATTR)
-    free: dict[tuple, list[int]] = {}
-    releases: dict[int, list[tuple[tuple, int]]] = {}
-    for node in list(graph.nodes):
-        if node in last:
-            meta = node.meta["val"]
-            key = (tuple(meta.shape), tuple(meta.stride()), meta.dtype)
-            slot = free[key].pop() if free.get(key) else workspace.new_slot()
-            releases.setdefault(last[node], []).append((key, slot))
-            _write_into_buffer(graph, node, ws, slot, meta, device)
-        for key, slot in releases.pop(order.get(node, -1), ()):
-            free.setdefault(key, []).append(slot)
+    for node, offset in offsets.items():
+        _write_into_buffer(graph, node, ws, arena, offset, node.meta["val"], device)
     return len(last)
 
 
-def _write_into_buffer(graph: fx.Graph, node: fx.Node, ws: fx.Node, slot: int, meta: torch.Tensor,
+def _nbytes(node: fx.Node) -> int:
+    """The bytes of a planned result (dense: contiguous or channels-last, ``_plannable``)."""
+    meta = node.meta["val"]
+    return meta.numel() * meta.element_size()
+
+
+def _pack(first: dict[fx.Node, int], last: dict[fx.Node, int]) -> tuple[dict[fx.Node, int], int]:
+    """Byte offsets for the results (lifetime ``first[n]`` to ``last[n]``, inclusive: a result
+    never shares bytes with a result read by its own op) and the arena's size.
+
+    Largest first, each at the lowest aligned offset clear of the results already placed
+    whose lifetimes overlap its own (first fit): results that are never alive together
+    share bytes whatever their shapes."""
+    align = Workspace.ALIGN
+    placed: list[tuple[int, int, int, int]] = []  # (first, last, offset, end)
+    offsets: dict[fx.Node, int] = {}
+    for node in sorted(first, key=lambda n: (-_nbytes(n), first[n])):
+        size = -(-_nbytes(node) // align) * align
+        busy = sorted((o, e) for f, l, o, e in placed if f <= last[node] and first[node] <= l)
+        offset = 0
+        for start, end in busy:
+            if offset + size <= start:
+                break
+            offset = max(offset, end)
+        offsets[node] = offset
+        placed.append((first[node], last[node], offset, offset + size))
+    return offsets, max((e for *_, e in placed), default=0)
+
+
+def _write_into_buffer(graph: fx.Graph, node: fx.Node, ws: fx.Node, arena: int, offset: int, meta: torch.Tensor,
                        device: torch.device) -> None:
     with graph.inserting_before(node):
-        buf = graph.call_function(buffer, (ws, slot, list(meta.shape), list(meta.stride()), meta.dtype, device))
+        buf = graph.call_function(buffer, (ws, arena, offset, list(meta.shape), list(meta.stride()), meta.dtype,
+                                           device))
     buf.meta["val"] = meta
     if node.target is _EMBEDDING_GRAD:
         grad, indices, _, padding_idx, _ = embedding_grad_args(node)

@@ -1,16 +1,18 @@
-"""The device's workspace: buffers that a compiled program's large results are written into.
+"""The device's workspace: memory that a compiled program's large results are written into.
 
 A program runs the same graphs with the same shapes on every step, so a large result
-(a language-model head's logits, a table-sized gradient) can be written into a buffer
+(a language-model head's logits, a table-sized gradient) can be written into memory
 kept from one step and one run to the next, instead of a new allocation each time. On
 the CPU a new allocation of more than a few MiB comes from the operating system as
 fresh pages, and the first write to each page faults and zeroes it: a 150 MiB gradient
 spends tens of milliseconds there, each step. ``ipuxl.device.memory_plan`` decides which
-results get a buffer (results whose lifetimes do not overlap share one) and makes their
-ops write into ``buffer(...)``'s tensor (their ``out=`` form).
+results are kept and where: each planned graph gets an *arena* (one block of bytes) and
+each of its results an offset in it, results whose lifetimes overlap at offsets that do
+not (whatever their shapes: a head's weight gradient may take the bytes its logits had).
+It makes their ops write into ``buffer(...)``'s tensor (their ``out=`` form).
 
-Each replica has its own buffers (replicas in threads take turns mid-step); a buffer is
-made on first use with the result's shape, strides and dtype.
+Each replica has its own arenas (replicas in threads take turns mid-step); an arena is
+made on first use.
 """
 from __future__ import annotations
 
@@ -22,38 +24,47 @@ __all__ = ["Workspace", "buffer"]
 
 
 class Workspace:
-    """A session's buffers, by replica and slot (slots are numbered by ``new_slot``)."""
+    """A session's arenas, by replica and arena number (numbered by ``new_arena``)."""
+
+    ALIGN = 64
+    """Offsets are multiples of this many bytes (a cache line; every dtype's alignment)."""
 
     def __init__(self) -> None:
-        self._slots = 0
-        self._buffers: dict[int, dict[int, torch.Tensor]] = {}
+        self._sizes: list[int] = []
+        self._arenas: dict[int, dict[int, torch.Tensor]] = {}
 
-    def new_slot(self) -> int:
-        """A slot number no other result of this workspace's programs uses."""
-        self._slots += 1
-        return self._slots - 1
+    def new_arena(self, nbytes: int) -> int:
+        """The number of a new arena of ``nbytes`` bytes."""
+        self._sizes.append(nbytes)
+        return len(self._sizes) - 1
 
     @property
-    def num_slots(self) -> int:
-        return self._slots
+    def num_arenas(self) -> int:
+        return len(self._sizes)
+
+    def arena_bytes(self, arena: int) -> int:
+        """The size of arena ``arena`` (what each replica holds of it once used)."""
+        return self._sizes[arena]
 
     def nbytes(self) -> int:
-        """Bytes held by the buffers made so far, all replicas."""
-        return sum(t.untyped_storage().nbytes() for slots in self._buffers.values() for t in slots.values())
+        """Bytes held by the arenas made so far, all replicas."""
+        return sum(t.untyped_storage().nbytes() for arenas in self._arenas.values() for t in arenas.values())
 
     def clear(self) -> None:
-        """Free every buffer (they are made again on next use)."""
-        self._buffers.clear()
+        """Free every arena (they are made again on next use)."""
+        self._arenas.clear()
 
     def __repr__(self) -> str:
-        return f"Workspace({self._slots} slots, {self.nbytes() / 2**20:.1f} MiB held)"
+        return f"Workspace({len(self._sizes)} arenas, {self.nbytes() / 2**20:.1f} MiB held)"
 
 
-def buffer(workspace: Workspace, slot: int, shape: list[int], stride: list[int], dtype: torch.dtype,
+def buffer(workspace: Workspace, arena: int, offset: int, shape: list[int], stride: list[int], dtype: torch.dtype,
            device: torch.device) -> torch.Tensor:
-    """Slot ``slot``'s buffer for the running replica (made on first use, uninitialised)."""
-    slots = workspace._buffers.setdefault(current_replica()[1], {})
-    held = slots.get(slot)
+    """The tensor of ``shape``, ``stride`` and ``dtype`` at byte ``offset`` of arena ``arena``
+    of the running replica (made on first use, uninitialised)."""
+    arenas = workspace._arenas.setdefault(current_replica()[1], {})
+    held = arenas.get(arena)
     if held is None:
-        held = slots[slot] = torch.empty_strided(shape, stride, dtype=dtype, device=device)
-    return held
+        held = arenas[arena] = torch.empty(workspace._sizes[arena], dtype=torch.uint8, device=device)
+    return torch.empty(0, dtype=dtype, device=device).set_(held.untyped_storage(), offset // dtype.itemsize,
+                                                           shape, stride)

@@ -56,7 +56,9 @@ from typing import Any, Callable, Iterable, Literal, Mapping, NoReturn, Sequence
 import torch
 import torch.fx as fx
 from torch._functorch.partitioners import default_partition
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from ipuxl.dtypes import dtype_name
 from ipuxl.errors import AutodiffError
@@ -383,11 +385,16 @@ def _trace_joint(graph: Graph, provided: list[Tensor], required: list[Tensor],
         grads = vjp_fn(tuple(tangents), create_graph=False) if req_idx else ()
         return (*all_outs, *grads)
 
-    # inputs in the layouts they have where the graph runs (a segment's input may be a transpose)
-    primals = [zeros_in_layout(t.node) if isinstance(t.node.meta.get("val"), torch.Tensor)
-               else torch.zeros(t.shape, dtype=t.spec.dtype) for t in graph.inputs]
-    tangents = [torch.zeros(t.shape, dtype=t.spec.dtype) for t in provided]
-    # constants (and variables read by the graph) are real tensors of the lowered module
+    # Example inputs in the layouts they have where the graph runs (a segment's input may be a
+    # transpose), made as fake tensors: real ones would allocate every weight's size again.
+    # make_fx traces in the fake mode it finds on its inputs; constants (and variables read
+    # by the graph) are real tensors of the lowered module.
+    fake = FakeTensorMode(allow_fallback_kernels=True, allow_non_fake_inputs=True, shape_env=ShapeEnv(),
+                          static_shapes=True)
+    with fake:
+        primals = [zeros_in_layout(t.node) if isinstance(t.node.meta.get("val"), torch.Tensor)
+                   else torch.zeros(t.shape, dtype=t.spec.dtype) for t in graph.inputs]
+        tangents = [torch.zeros(t.shape, dtype=t.spec.dtype) for t in provided]
     return make_fx(joint, tracing_mode="fake", _allow_non_fake_inputs=True)(primals, tangents)
 
 

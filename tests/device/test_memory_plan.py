@@ -40,13 +40,13 @@ def _inputs(graph: fx.Graph, *shapes) -> list[fx.Node]:
     return nodes
 
 
-def _slots(graph: fx.Graph) -> dict[fx.Node, int]:
-    """Each planned result -> its slot."""
+def _slots(graph: fx.Graph) -> dict[fx.Node, tuple[int, int]]:
+    """Each planned result -> its (arena, byte offset)."""
     out = {}
     for node in graph.nodes:
         if node.target is buffer:
             (user,) = node.users
-            out[user] = node.args[1]
+            out[user] = (node.args[1], node.args[2])
     return out
 
 
@@ -66,13 +66,34 @@ def test_results_share_a_buffer_only_when_their_lifetimes_do_not_overlap():
     assert plan_memory(graph, root, ws, CPU, min_bytes=0) == 3
     slots = _slots(graph)
     assert slots[a] != slots[b] and slots[c] == slots[a], graph
-    assert ws.num_slots == 2
+    assert ws.num_arenas == 1 and ws.arena_bytes(0) == 2 * 192  # two 144-byte results, 64-byte aligned
     assert {n.target for n in graph.nodes if n.op == "call_function"} >= {aten.mm.out, aten.tanh.out}
     gen = torch.Generator().manual_seed(0)
     x, w = torch.randn(6, 6, generator=gen), torch.randn(6, 6, generator=gen)
     for got in _run_twice(graph, root, (x, w)):
         torch.testing.assert_close(got, (torch.tanh(x @ w) @ w).sum())
-    assert ws.nbytes() == 2 * 36 * 4
+    assert ws.nbytes() == 2 * 192
+
+
+def test_results_of_other_shapes_share_bytes_when_never_alive_together():
+    graph = fx.Graph()
+    x, w, v = _inputs(graph, (6, 6), (6, 6), (6, 12))
+    a = _call(graph, aten.mm.default, x, w)  # 6x6, dead once b is made
+    b = _call(graph, aten.tanh.default, a)
+    c = _call(graph, aten.mm.default, b, v)  # 6x12: twice a's size, alive with b only
+    d = _call(graph, aten.tanh.default, c)  # alive with c (and with nothing else)
+    graph.output(_call(graph, aten.sum.default, d))
+    root, ws = nn.Module(), Workspace()
+    assert plan_memory(graph, root, ws, CPU, min_bytes=0) == 4
+    slots = _slots(graph)
+    # c and d (the largest, 288 bytes: 320 aligned) first, side by side; a takes c's first bytes
+    # (a is dead before c is made), b (alive with a and c) d's
+    assert slots == {c: (0, 0), d: (0, 320), a: (0, 0), b: (0, 320)}, slots
+    assert ws.arena_bytes(0) == 640
+    gen = torch.Generator().manual_seed(0)
+    args = [torch.randn(*s, generator=gen) for s in ((6, 6), (6, 6), (6, 12))]
+    for got in _run_twice(graph, root, args):
+        torch.testing.assert_close(got, torch.tanh(torch.tanh(args[0] @ args[1]) @ args[2]).sum())
 
 
 def test_returned_results_and_their_views_keep_their_own_memory():

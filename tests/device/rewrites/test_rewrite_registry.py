@@ -18,9 +18,9 @@ from ipuxl.device.rewrites import REWRITES, apply_rewrites
 from ipuxl.passes.result import PassResult
 
 aten = torch.ops.aten
-ORDER = ("eliminate_dead_code", "fuse_embedding_grads", "fuse_matmul_updates", "fuse_sgd_momentum_steps",
-         "fuse_adam_steps",
-         "fuse_adam_updates", "call_random_ops_directly", "select_kernels")
+ORDER = ("eliminate_dead_code", "fuse_embedding_grads", "fuse_cross_entropy_grads", "fuse_matmul_updates",
+         "fuse_sgd_momentum_steps", "fuse_adam_steps", "fuse_adam_updates", "call_random_ops_directly",
+         "select_kernels")
 
 
 def _node(graph: fx.Graph, target, *args, **kwargs) -> fx.Node:
