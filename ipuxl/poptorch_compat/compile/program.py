@@ -322,6 +322,10 @@ def _micro_batch(program: Program, forward: Graph, gradients: Gradients | None, 
     args += [seed] if seed is not None else []
     info = call_with_info(forward, *args)
     outs = info.outputs
+    # the outputs go to the host before the backward: the forward's results (a language model's
+    # logits) need not outlive it, and the memory plan can give their bytes to the gradients
+    for j in range(traced.n_outputs):
+        host_store(program.outputs[j][g], outs[j])
     grads: tuple[Tensor, ...] = ()
     if gradients is not None and gradients.trained:
         grads = call(gradients.info.graph, loss_grad, inputs_dict=gradients.info.inputs_dict(info))
@@ -332,8 +336,6 @@ def _micro_batch(program: Program, forward: Graph, gradients: Gradients | None, 
             copy_var_update_(inputs[program.float_statistics[name]], new)
             new = cast(new, torch.float16)
         copy_var_update_(inputs[target], new)
-    for j in range(traced.n_outputs):
-        host_store(program.outputs[j][g], outs[j])
     first_update = traced.n_outputs + len(traced.mutated)
     for k, (_, streams) in enumerate(program.input_updates):
         host_store(streams[g], outs[first_update + k])
