@@ -54,3 +54,38 @@ def test_mean_is_the_default_and_a_sum_step_is_accumulation_times_larger():
     assert poptorch.Options().Training.accumulation_and_replication_reduction_type == poptorch.ReductionType.Mean
     for mean, total in zip(*deltas):
         torch.testing.assert_close(total, 3 * mean, rtol=1e-4, atol=1e-7)
+
+
+class _Head(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 3)
+        self.loss = torch.nn.CrossEntropyLoss()
+
+    def forward(self, x, y):
+        out = self.layer(x)
+        return out, self.loss(out, y)
+
+
+def test_outputs_go_to_the_host_before_the_backward_and_keep_the_forward_values():
+    """A step stores its outputs right after the forward (a language model's logits need not
+    live through the backward), still the forward's values: the update comes later."""
+    torch.manual_seed(0)
+    model = _Head()
+    eager = copy.deepcopy(model)
+    x, y = torch.randn(2 * 3, 4), torch.tensor([0, 2, 1, 1, 0, 2])
+    training = poptorch.trainingModel(model, poptorch.Options().deviceIterations(3),
+                                      optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    out, loss = training(x, y)
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    for xs, ys in zip(x.chunk(3), y.chunk(3)):
+        opt.zero_grad()
+        want, ref = eager(xs, ys)
+        ref.backward()
+        opt.step()
+    torch.testing.assert_close(out, want.detach())  # OutputMode Final: the last iteration's logits
+    torch.testing.assert_close(loss, ref.detach())
+    session = training.session
+    code = "\n".join(c.module.code for c in map(session.compiled_graph, session.ir.graphs) if c is not None)
+    stores = [code.index(f"store_output{i} =") for i in range(2)]
+    assert max(stores) < code.index("nll_loss_backward"), code
