@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.fx as fx
 from torch._decomp import get_decompositions
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
@@ -291,7 +292,7 @@ def _make_fx(fn: Callable[..., list[torch.Tensor]], module: torch.nn.Module, *ex
     """make_fx of the functionalized ``fn`` on fake tensors (tensors from outside the
     module become constants: ``capture.constants``)."""
     try:
-        with _quiet_fake_tensors():
+        with _quiet_fake_tensors(), _use_lazy_graph_module(True):  # its code is generated only if run
             return make_fx(torch.func.functionalize(fn, remove="mutations"), tracing_mode="fake",
                            decomposition_table=_DECOMPOSITIONS,
                            _allow_non_fake_inputs=True)(*example)
