@@ -146,3 +146,28 @@ def test_a_popxl_session_compile_has_its_own_bar_and_log(caplog: pytest.LogCaptu
     [record] = [r for r in caplog.records if r.getMessage().startswith("compiled the session's IR")]
     n_ops = sum(1 for node in ir.main_graph.fx.nodes if node.op == "call_function")
     assert record.levelno == logging.INFO and f"1 graphs, {n_ops} ops (main_graph {n_ops})" in record.getMessage()
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["gc-on", "gc-off"])
+def test_a_compile_pauses_the_cyclic_gc_and_restores_it(enabled: bool):
+    """The outermost pipeline runs with the cyclic collector off; after it (even after a
+    failed compile) the collector is as the caller left it, and nested pipelines change nothing."""
+    import gc
+
+    seen = []
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        with ipuxl.progress.pipeline("outer", ["a"], show=False):
+            seen.append(gc.isenabled())
+            with ipuxl.progress.pipeline("inner", ["b"], show=False):
+                seen.append(gc.isenabled())
+            seen.append(gc.isenabled())
+        seen.append(gc.isenabled())
+        with pytest.raises(ZeroDivisionError):
+            with ipuxl.progress.pipeline("failing", ["a"], show=False):
+                1 / 0
+        seen.append(gc.isenabled())
+    finally:
+        gc.enable() if was else gc.disable()
+    assert seen == [False, False, False, enabled, enabled]

@@ -91,6 +91,7 @@ class NeedBlock(Exception):
         super().__init__(type(module).__name__)
         self.key, self.module, self.args, self.kwargs = key, module, args, kwargs
         self.runs = 0  # how many runs of this kind ``discover_blocks`` met (0: not known)
+        self.outputs: tuple[list, Any] | None = None  # the first run's output leaves and spec (discovery)
 
 
 # {candidate module: (structure key, number of instances)}; {block key: its trace, or None: inline}
@@ -189,14 +190,33 @@ def _block_forward(module: torch.nn.Module, structure: Any, blocks: Blocks,
         if key not in blocks:
             if found is None:
                 raise NeedBlock(key, module, args, kwargs)
-            found.setdefault(key, NeedBlock(key, module, args, kwargs)).runs += 1
-            return original(*args, **kwargs)
+            return _discovery_run(found, key, module, original, args, kwargs)
         block = blocks[key]
         if block is None:
             return original(*args, **kwargs)
         return block.call(module, call.tensors())
 
     return forward
+
+
+def _discovery_run(found: dict[Any, NeedBlock], key: Any, module: torch.nn.Module, original: Callable,
+                   args: tuple, kwargs: dict) -> Any:
+    """A run of a kind of block in ``discover_blocks``' dry run: recorded, and run inline the
+    first time. Later runs of the kind (same structure, same input specs: the same output
+    specs) give fresh fake tensors of the first run's outputs instead of running again."""
+    need = found.get(key)
+    if need is None:
+        need = found[key] = NeedBlock(key, module, args, kwargs)
+    need.runs += 1
+    if need.outputs is not None:
+        flat, spec = need.outputs
+        return pytree.tree_unflatten([v.detach() if isinstance(v, torch.Tensor) else v for v in flat], spec)
+    out = original(*args, **kwargs)
+    if need.runs == 1:
+        flat, spec = pytree.tree_flatten(out)
+        if all(isinstance(v, (torch.Tensor, int, float, bool, str, type(None))) for v in flat):
+            need.outputs = (flat, spec)
+    return out
 
 
 def _layout(t: torch.Tensor) -> tuple[int, ...]:
@@ -208,7 +228,8 @@ def discover_blocks(module: torch.nn.Module, args: tuple, kwargs: dict | None,
                     candidates: Candidates, blocks: Blocks, trace_block: Callable[[NeedBlock], OutlinedBlock | None],
                     ) -> None:
     """Find the kinds of blocks the model runs, and trace each alone (``trace_block``), by
-    running the model once on fake tensors (no tracing, so cheap; blocks run inline) and
+    running the model once on fake tensors (no tracing, so cheap; each kind's first run runs
+    inline, the others give fake tensors like its outputs) and
     recording each kind's first run and how often it runs (a kind run once stays inline,
     untraced); the model's trace then meets known blocks only. Fake CPU
     tensors, not meta ones: their ops give the strides the trace will see (meta convolutions

@@ -18,7 +18,6 @@
 """
 from __future__ import annotations
 
-import os
 import re
 
 from typing import Any, Callable, cast
@@ -30,7 +29,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ipuxl.errors import TraceError, builtin_type, with_builtin
 from ipuxl.ir.context import traceback_source_line
-from ipuxl.source import SKIP_PREFIXES, STDLIB_DIR
+from ipuxl.source import is_user_file
 
 __all__ = ["trace_error", "error_class", "eager_error", "refuse_data_dependent", "user_line", "DATA_DEPENDENT"]
 
@@ -165,16 +164,13 @@ def _op_name(node: fx.Node) -> str:
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
-_THIRD_PARTY = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
 
 def user_line(stack_trace: str | None) -> str | None:
     """``file:line in function`` of the innermost user frame of a make_fx stack trace."""
     found = None
     for filename, line, function in _FRAME.findall(stack_trace or ""):
-        path = os.path.abspath(filename)
-        if not path.startswith(SKIP_PREFIXES) and (not path.startswith(STDLIB_DIR)
-                                                    or any(d in path for d in _THIRD_PARTY)):
+        if is_user_file(filename):
             found = f"{filename}:{line} in {function}"
     return found
 

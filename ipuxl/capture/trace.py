@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.fx as fx
 from torch._decomp import get_decompositions
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
@@ -48,6 +49,7 @@ from ipuxl.capture.grad_mode import GradTracker
 from ipuxl.capture.matmuls import fold_broadcast_matmuls
 from ipuxl.capture.mode import CaptureMode, Precision, capturing, find_loss
 from ipuxl.capture.mutations import extract_mutations
+from ipuxl.capture.node_sources import recording_sources
 from ipuxl.capture.outputs import flatten_objects
 from ipuxl.capture.nodes import output_nodes, placeholders, spec_of
 from ipuxl.errors import TraceError
@@ -269,7 +271,7 @@ def _functional_forward(module: torch.nn.Module, call: FlatCall, params: dict[st
         mode = CaptureMode(seed, GradTracker(trainable, differentiated=training), precision)
         # a training step differentiates its forward whatever the caller's grad mode
         grad_mode = torch.enable_grad() if training else contextlib.nullcontext()
-        with grad_mode, capturing(mode), outlined_blocks(candidates, blocks):
+        with grad_mode, capturing(mode), outlined_blocks(candidates, blocks), recording_sources():
             out = torch.func.functional_call(module, {**dict(zip(p_names, p_vals)), **dict(zip(b_names, b_vals))},
                                              call_args, call_kwargs, tie_weights=True, strict=False)
         # a forward that returns nothing (it only updates its inputs in place) has no outputs
@@ -290,9 +292,9 @@ def _make_fx(fn: Callable[..., list[torch.Tensor]], module: torch.nn.Module, *ex
     """make_fx of the functionalized ``fn`` on fake tensors (tensors from outside the
     module become constants: ``capture.constants``)."""
     try:
-        with _quiet_fake_tensors():
+        with _quiet_fake_tensors(), _use_lazy_graph_module(True):  # its code is generated only if run
             return make_fx(torch.func.functionalize(fn, remove="mutations"), tracing_mode="fake",
-                           decomposition_table=_DECOMPOSITIONS, record_stack_traces=True,
+                           decomposition_table=_DECOMPOSITIONS,
                            _allow_non_fake_inputs=True)(*example)
     except (TraceError, NeedBlock):
         raise

@@ -9,8 +9,9 @@ of shared graphs recorded while tracing, see ``ir.call_op``) become IR calls.
 Each copied op also gets ``meta[SOURCE]``, the user's ``file:line in function``
 that made it (what errors quote), from one of two places:
 
-* a module trace records stack traces (``make_fx(..., record_stack_traces=True)``):
-  the innermost frame outside ipuxl, torch and the standard library is the user's line;
+* a module trace records each node's user ``forward`` frame as its stack trace
+  (``capture.node_sources``): the innermost frame outside ipuxl, torch and the
+  standard library is the user's line;
 * a trace of an IR graph's own body that then replaces it (``autodiff`` importing the
   partitioned forward of the graph it traced) knows no user frames: each op takes
   the source of the op of the replaced body that computes the same thing (same aten
@@ -19,7 +20,6 @@ that made it (what errors quote), from one of two places:
 from __future__ import annotations
 
 import operator
-import os
 import re
 from typing import TYPE_CHECKING, Any, cast
 
@@ -30,7 +30,7 @@ from ipuxl.ir.call_op import call_entry, is_call_graph_node
 from ipuxl.ir.calls import CallTarget
 from ipuxl.ir.copy import copy_node
 from ipuxl.ir.meta import CALLED_GRAPH, IPU, NAME, OP, OP_ID, PIPELINE_STAGE, SOURCE, VIEW_OF
-from ipuxl.source import SKIP_PREFIXES, STDLIB_DIR
+from ipuxl.source import is_user_file
 
 if TYPE_CHECKING:
     from ipuxl.ir.ir import Ir
@@ -97,7 +97,6 @@ def _call_graph_args(node: fx.Node) -> tuple[int, list[fx.Node]]:
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
-_THIRD_PARTY = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
 
 class _UserLines:
@@ -113,17 +112,10 @@ class _UserLines:
         if stack_trace not in self._cache:
             found = None
             for filename, line, function in _FRAME.findall(stack_trace):
-                if _is_user_file(filename):
+                if is_user_file(filename):
                     found = f"{filename}:{line} in {function}"
             self._cache[stack_trace] = found
         return self._cache[stack_trace]
-
-
-def _is_user_file(filename: str) -> bool:
-    path = os.path.abspath(filename)
-    if path.startswith(SKIP_PREFIXES):
-        return False
-    return not path.startswith(STDLIB_DIR) or any(d in path for d in _THIRD_PARTY)
 
 
 class _NoMatch(Exception):

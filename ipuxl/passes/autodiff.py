@@ -57,6 +57,7 @@ import torch
 import torch.fx as fx
 from torch._functorch.partitioners import default_partition
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -210,12 +211,14 @@ def differentiate(graph: Graph, grads_provided: Sequence[Tensor] | None, grads_r
 def _differentiate_traced(graph: Graph, provided: list[Tensor], required: list[Tensor], explicit: bool,
                           callees: "_CalledGraphs") -> GradGraphInfo:
     """Steps 1-5 of the module docstring."""
-    joint = _trace_joint(graph, provided, required, callees)
-    n_fwd = len(graph.outputs)
-    check_gradient_paths(graph, joint, n_fwd, required, explicit)
-    tag_forward(joint, n_fwd)
-    recompute_input_views(joint)
-    fw, bw = default_partition(joint, None, num_fwd_outputs=n_fwd)
+    # the joint and partitioned graph modules are read, never run: fx generates their code only if run
+    with _use_lazy_graph_module(True):
+        joint = _trace_joint(graph, provided, required, callees)
+        n_fwd = len(graph.outputs)
+        check_gradient_paths(graph, joint, n_fwd, required, explicit)
+        tag_forward(joint, n_fwd)
+        recompute_input_views(joint)
+        fw, bw = default_partition(joint, None, num_fwd_outputs=n_fwd)
     saved = rewrite_forward(graph, fw, n_fwd)
     grad_graph = build_grad_graph(graph, bw, provided, saved, required)
     return GradGraphInfo.of(grad_graph, graph, provided, [t for _, t in saved], required)

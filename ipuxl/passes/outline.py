@@ -248,10 +248,14 @@ def outline_graph(graph: Graph, min_ops: int = 2, max_tries: int = 64,
         min_savings: smallest saving (op instances removed minus call costs) worth it.
     """
     created: list[Graph] = []
+    # an op's signature outlives a round: replacing other ops' regions rewires its arguments
+    # to call items of the same specs and renames its alias records, which signatures ignore
+    known: dict[fx.Node, Any] = {}
     while True:
         ops = _ops(graph)
         signatures: dict[Any, int] = {}
-        codes = np.array([signatures.setdefault(local_signature(n), len(signatures)) for n in ops], dtype=np.int64)
+        codes = np.array([signatures.setdefault(known[n] if n in known else known.setdefault(n, local_signature(n)),
+                                                len(signatures)) for n in ops], dtype=np.int64)
         weights = np.array([_weight(n) for n in ops])
         done = False
         for savings, period, start, copies, slack in _candidates(codes, weights, min_ops)[:max_tries]:

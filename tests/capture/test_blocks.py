@@ -196,6 +196,40 @@ def test_each_kind_of_block_is_traced_once_whatever_the_depth(discovery, monkeyp
     assert not inlined.blocks and _aten_nodes(inlined) > 9 * 5
 
 
+def test_discovery_runs_each_kind_of_block_once(monkeypatch):
+    """Block discovery's dry run runs the first of each kind's runs; the later ones (same
+    structure and input specs) give fake tensors like its outputs, and are still counted."""
+    import ipuxl.capture.trace as trace_mod
+
+    runs: list[int] = []
+    real_discover = trace_mod.discover_blocks
+
+    def discover(module, args, kwargs, candidates, blocks, trace_block):
+        calls: list[int] = []
+        real_forward = MLPBlock.forward
+
+        def counted(self, x):
+            calls.append(1)
+            return real_forward(self, x)
+
+        def trace_alone(need):  # the block's own trace is not the dry run's
+            before = len(calls)
+            try:
+                return trace_block(need)
+            finally:
+                del calls[before:]
+
+        with monkeypatch.context() as patch:
+            patch.setattr(MLPBlock, "forward", counted)
+            real_discover(module, args, kwargs, candidates, blocks, trace_alone)
+        runs.append(len(calls))
+
+    monkeypatch.setattr(trace_mod, "discover_blocks", discover)
+    traced = _trace(Stack([MLPBlock() for _ in range(5)]))
+    assert runs == [1]
+    assert sum(map(is_call_graph_node, traced.gm.graph.nodes)) == 5  # all five counted: the kind is outlined
+
+
 class ConvBlock(nn.Module):
     def __init__(self):
         super().__init__()
