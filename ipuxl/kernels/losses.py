@@ -36,12 +36,7 @@ def log_softmax_nll_grad(log_probs: torch.Tensor, grad_output: torch.Tensor, tar
     rows = log_probs.shape[0]
     valid = target != ignore_index
     safe = torch.where(valid, target, torch.zeros((), dtype=target.dtype))
-    if REDUCTIONS[reduction] == "none":
-        grad = -grad_output
-    elif REDUCTIONS[reduction] == "mean":
-        grad = -(grad_output / total_weight)
-    else:
-        grad = -grad_output
+    grad = -(grad_output / total_weight) if REDUCTIONS[reduction] == "mean" else -grad_output
     scale = (weight[safe] * grad if weight is not None else grad.expand(rows)).to(log_probs.dtype)
     scale = torch.where(valid, scale, torch.zeros((), dtype=scale.dtype))
     out = torch.exp(log_probs, out=log_probs) if in_place else torch.exp(log_probs)

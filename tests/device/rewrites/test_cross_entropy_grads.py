@@ -10,9 +10,9 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-import ipuxl
 from ipuxl.device.rewrites import cross_entropy_grads, fuse_cross_entropy_grads
 from ipuxl.kernels.losses import log_softmax_nll_grad
+from tests.device.rewrites._training import train_like_eager
 
 aten = torch.ops.aten
 
@@ -36,35 +36,14 @@ class Classifier(nn.Module):
         return self.loss(self.head(torch.tanh(self.body(x))), labels)
 
 
-def _code(session: ipuxl.Session) -> str:
-    compiled = [session.compiled_graph(g) for g in session.ir.graphs]
-    return "\n".join([session.code] + [c.module.code for c in compiled if c is not None])
-
-
 def test_cross_entropy_trains_like_eager_with_one_gradient_kernel(from_any_size):
     torch.manual_seed(0)
     model = Classifier()
-    eager = copy.deepcopy(model)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(2 * 3 * 8, 16, generator=gen)
     labels = torch.randint(0, 40, (2 * 3 * 8,), generator=gen)
     labels[::5] = -100
-    opt = torch.optim.AdamW(eager.parameters(), lr=1e-2)
-    ipu = ipuxl.trainingModel(model, ipuxl.Options().deviceIterations(3),
-                              optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2))
-    for call in range(2):
-        rows = slice(call * 24, call * 24 + 24)
-        loss = ipu(x[rows], labels[rows])
-        for xs, ys in zip(x[rows].chunk(3), labels[rows].chunk(3)):
-            opt.zero_grad()
-            ref = eager(xs, ys)
-            ref.backward()
-            opt.step()
-    ipu.copyWeightsToHost()
-    for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters()):
-        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
-    torch.testing.assert_close(loss, ref.detach(), rtol=1e-5, atol=1e-6)
-    code = _code(ipu.session)
+    code = train_like_eager(model, x, labels)
     assert re.findall(r"log_softmax_nll_grad\(.*\b(True|False)\)", code) == ["True"], code
     assert "nll_loss_backward" not in code and "_log_softmax_backward_data" not in code, code
 

@@ -9,9 +9,9 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-import ipuxl
 from ipuxl.device.rewrites import fuse_embedding_grads
 from ipuxl.kernels.embedding import add_embedding_grad
+from tests.device.rewrites._training import train_like_eager
 
 aten = torch.ops.aten
 
@@ -34,35 +34,14 @@ class TiedLM(nn.Module):
         return self.loss(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 
-def _code(session: ipuxl.Session) -> str:
-    compiled = [session.compiled_graph(g) for g in session.ir.graphs]
-    return "\n".join([session.code] + [c.module.code for c in compiled if c is not None])
-
-
 def test_tied_embedding_trains_like_eager_without_dense_embedding_gradients():
     torch.manual_seed(0)
     model = TiedLM()
-    eager = copy.deepcopy(model)
     gen = torch.Generator().manual_seed(1)
     source = torch.randint(0, 50, (3 * 4, 7), generator=gen)
     target = torch.randint(0, 50, (3 * 4, 7), generator=gen)
     source[::2, -2:] = 0  # padding tokens, whose rows get no gradient
-    opt = torch.optim.AdamW(eager.parameters(), lr=1e-2)
-    ipu = ipuxl.trainingModel(model, ipuxl.Options().deviceIterations(3),
-                              optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2))
-    for call in range(2):
-        rows = slice(call * 6, call * 6 + 6)
-        loss = ipu(source[rows], target[rows])
-        for s, t in zip(source[rows].chunk(3), target[rows].chunk(3)):
-            opt.zero_grad()
-            ref = eager(s, t)
-            ref.backward()
-            opt.step()
-    ipu.copyWeightsToHost()
-    for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters()):
-        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
-    torch.testing.assert_close(loss, ref.detach(), rtol=1e-5, atol=1e-6)
-    code = _code(ipu.session)
+    code = train_like_eager(model, source, target)
     # the head's gradient, then the two readings' token rows added into it, in place
     assert re.findall(r"add_embedding_grad\([^)]*\b(True|False)\)", code) == ["True", "True"], code
     assert "embedding_dense_backward" not in code, code
