@@ -98,6 +98,7 @@ class Communicator:
         self._barrier = threading.Barrier(len(self.local), action=self._meet)
         self._turn = threading.Lock()
         self._failure: BaseException | None = None
+        self._meetings = 0  # collectives completed (``_meet`` returned), ever
 
     def exchange(self, replica: int, tensor: torch.Tensor, combine: Combine) -> torch.Tensor:
         """Deposit ``tensor`` of ``replica``; return its share of ``combine(all R tensors)``."""
@@ -106,10 +107,15 @@ class Communicator:
             return combine([tensor], [replica])[0]
         self._slots[i] = tensor
         self._combine = combine
+        meetings = self._meetings
         self._turn.release()
         try:
             self._barrier.wait(timeout=_timeout())
         except threading.BrokenBarrierError:
+            # A replica released from this meeting can find the barrier broken before it wakes
+            # (another replica ran on, failed and aborted): the collective completed for it.
+            if self._meetings > meetings:
+                return self._results[i]
             raise ReplicaFailureError(
                 f"replica {replica} stopped in a collective: another replica failed or did not reach it "
                 f"within {_timeout():.0f} s", where=self._where(),
@@ -131,6 +137,7 @@ class Communicator:
             if self.distributed:
                 tensors = list(self._all_gather_processes(torch.stack(tensors)).unbind(0))
             self._results = self._combine(tensors, self.local)
+            self._meetings += 1
         except BaseException as exc:
             self._failure = exc
             raise

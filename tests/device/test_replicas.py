@@ -150,3 +150,36 @@ def test_without_all_reduce_replicas_diverge_and_all_replicas_mode_shows_them():
     with ipuxl.Session(ir, "cpu") as session:
         session.run({x_s: data})
         np.testing.assert_array_equal(session.get_tensor_data(w), data)
+
+
+def test_a_replica_released_from_a_collective_completes_it_when_another_then_fails():
+    """The last replica to reach a collective can run on, fail and stop the others before a
+    released one wakes: that one's collective still completed (it returns its result), and
+    it stops at its next collective. (Before: it raised half the time, so a failed run
+    reported one step fewer applied.)"""
+    from ipuxl.device.replicas import Communicator, run_replicas
+    from ipuxl.errors import ReplicaFailureError
+
+    def combine(tensors, local):
+        return [torch.stack(tensors).sum(0) for _ in tensors]
+
+    for _ in range(50):
+        comm = Communicator(2, [0, 1])
+        reached = []
+
+        def healthy():
+            reached.append(comm.exchange(0, torch.ones(1), combine))
+            try:
+                comm.exchange(0, torch.ones(1), combine)  # the failing replica never meets it
+            except ReplicaFailureError as stopped:
+                reached.append(stopped)
+                raise
+
+        def failing():
+            comm.exchange(1, torch.ones(1), combine)
+            raise ValueError("replica 1 fails after the collective")
+
+        with pytest.raises(ValueError, match="replica 1 fails"):
+            run_replicas(comm, [healthy, failing])
+        assert len(reached) == 2 and reached[0].item() == 2.0
+        assert "replica 0 stopped in a collective" in str(reached[1])
