@@ -15,7 +15,7 @@ import sys
 import types
 from typing import Any, Iterator
 
-from torch.fx.proxy import _STACK_TRACE_ANCHORS
+import torch.fx.proxy
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from ipuxl.source import is_user_file
@@ -23,6 +23,8 @@ from ipuxl.source import is_user_file
 __all__ = ["recording_sources", "forward_frame_line"]
 
 _FORWARD_NAMES = frozenset({"forward"})
+# (file, function) pairs torch marks as stack-trace anchors (torch >= 2.12; none before)
+_STACK_TRACE_ANCHORS: Any = getattr(torch.fx.proxy, "_STACK_TRACE_ANCHORS", frozenset())
 _marks: dict[types.CodeType, bool] = {}  # code object -> whether its frames are user forward frames
 
 
