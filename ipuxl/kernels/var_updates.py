@@ -21,7 +21,7 @@ from ipuxl.kernels import unsigned
 __all__ = [
     "accumulate_", "accumulate_square_", "running_mean_", "moving_average_", "moving_average_square_", "scale_",
     "sparse_accumulate_", "adam_updater", "adamax_updater", "adam_update_", "fused_adam_steps_", "adam_var_update_",
-    "scaled_addmm_", "sgd_momentum_step_",
+    "scaled_addmm_", "sgd_momentum_step_", "reads_on_host",
 ]
 
 
@@ -85,6 +85,13 @@ def sparse_accumulate_(t: torch.Tensor, x: torch.Tensor, indices: torch.Tensor, 
 
 
 # -- Adam ---------------------------------------------------------------------------------------
+def reads_on_host(*scalars: Any) -> bool:
+    """Whether a kernel reads these factors (numbers, 0-dim tensors or None) as host numbers:
+    unless one is a tensor on another device than the CPU. Reading a CUDA tensor's value on
+    the host makes the host wait for the GPU, in every step of a device loop."""
+    return not any(isinstance(s, torch.Tensor) and s.device.type != "cpu" for s in scalars)
+
+
 def _has_data(t: torch.Tensor) -> bool:
     """False while shapes are inferred (meta) or a graph is traced (fake tensors)."""
     return t.device.type != "meta" and not isinstance(t, FakeTensor)
@@ -104,7 +111,7 @@ def _adam_denominator(m: torch.Tensor, v: torch.Tensor, step: Any, beta1: Any, b
     if step is None:
         return denom.add_(eps)
     step.add_(1)
-    if _is_number(beta1) and _is_number(beta2) and _has_data(step):  # host scalars, as torch.optim does
+    if _is_number(beta1) and _is_number(beta2) and _has_data(step) and reads_on_host(step):  # as torch.optim does
         t = float(step)
         b1, b2 = float(np.array(beta1, to_numpy_dtype(compute))), float(np.array(beta2, to_numpy_dtype(compute)))
         bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
@@ -234,21 +241,32 @@ def fused_adam_steps_(weights: list[torch.Tensor], grads: list[torch.Tensor], ms
     kernel is torch's ``_fused_adamw_``, the one ``torch.optim.AdamW(fused=True)`` runs: one
     pass over each weight, gradient and moment.
 
-    ``negative_lr``, ``decay`` and ``weight_decay`` are Python numbers or 0-dim tensors (read
-    on the host); at most one of ``decay`` and ``weight_decay`` is given.
-    The kernel scales each weight by ``1 - lr * weight_decay`` computed in double, so
-    ``weight_decay = (1 - decay) / lr`` gives back the graph's ``decay`` (a float32 value)
-    exactly after rounding; with ``lr == 0`` the weights are scaled separately.
+    ``negative_lr``, ``decay`` and ``weight_decay`` are Python numbers or 0-dim tensors; at
+    most one of ``decay`` and ``weight_decay`` is given. Numbers and CPU tensors are read on
+    the host: the kernel scales each weight by ``1 - lr * weight_decay`` computed in double,
+    so ``weight_decay = (1 - decay) / lr`` gives back the graph's ``decay`` (a float32 value)
+    exactly after rounding; with ``lr == 0`` the weights are scaled separately. Tensors on
+    another device (a CUDA session's optimiser variables) are never read on the host, which
+    would make it wait for the device at every step: the weights are scaled by the decay
+    (``1 + negative_lr * weight_decay`` for the other form) in one multi-tensor multiply,
+    and the kernel takes the learning rate as a tensor.
     """
     torch._foreach_add_(steps, 1)
-    lr = -float(negative_lr)
-    factor = 1.0 if decay is None else float(decay)
-    wd = 0.0 if weight_decay is None else float(weight_decay)
-    if factor != 1.0:
-        if lr != 0.0:
-            wd = (1.0 - factor) / lr
-        else:
-            torch._foreach_mul_(weights, factor)
+    lr: Any
+    if reads_on_host(negative_lr, decay, weight_decay):
+        lr = -float(negative_lr)
+        factor = 1.0 if decay is None else float(decay)
+        wd = 0.0 if weight_decay is None else float(weight_decay)
+        if factor != 1.0:
+            if lr != 0.0:
+                wd = (1.0 - factor) / lr
+            else:
+                torch._foreach_mul_(weights, factor)
+    else:
+        lr, wd = -negative_lr, 0.0
+        scale = decay if weight_decay is None else 1 + negative_lr * weight_decay
+        if scale is not None:
+            torch._foreach_mul_(weights, scale)
     # the kernel walks each tensor's memory in order: every tensor must be contiguous
     grads = [g if g.is_contiguous() else g.contiguous() for g in grads]
     strided = [i for i, ts in enumerate(zip(weights, ms, vs)) if not all(t.is_contiguous() for t in ts)]

@@ -4,6 +4,7 @@ fused kernel's size threshold and for every dtype; ``fused_adam_steps_`` (put in
 ``fuse_adam_steps``) steps several weights as ``torch.optim.AdamW`` does, whatever their layout."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ipuxl.kernels import var_updates
@@ -29,10 +30,16 @@ def test_sgd_momentum_step_kernel_matches_the_unfused_steps():
             torch.testing.assert_close(got_w, want_w, rtol=0, atol=0)
 
 
-def test_fused_adam_steps_kernel_matches_torch_adamw_on_any_layout():
+@pytest.mark.parametrize("scalars", ["host", "device"])
+def test_fused_adam_steps_kernel_matches_torch_adamw_on_any_layout(monkeypatch, scalars):
     """Several weights in one call, as torch.optim.AdamW steps them: contiguous, a weight
     with padded rows (a strided view) and a transposed gradient; the decay given as the
-    factor ``1 - lr * wd`` (optim.rules) or as popxl.addons' ``weight_decay``."""
+    factor ``1 - lr * wd`` (optim.rules) or as popxl.addons' ``weight_decay``. ``device``:
+    the factors as a CUDA session has them, never read on the host (forced here on CPU
+    tensors: the same arithmetic)."""
+    if scalars == "device":
+        monkeypatch.setattr(var_updates, "reads_on_host", lambda *factors: False)
+        monkeypatch.setattr(torch.Tensor, "__float__", _no_host_reads)
     gen = torch.Generator().manual_seed(0)
     padded = torch.zeros(6, 10)[:, :8]
     shapes = [(5, 7), (6, 8), (130,)]
@@ -55,4 +62,13 @@ def test_fused_adam_steps_kernel_matches_torch_adamw_on_any_layout():
         assert weights[1].data_ptr() == padded.data_ptr()  # updated where it lives
         for w, p in zip(weights, params):
             torch.testing.assert_close(w, p.detach(), rtol=1e-6, atol=1e-7)
-        assert [float(s) for s in steps] == [3.0] * 3
+        assert [s.item() for s in steps] == [3.0] * 3
+
+
+def _no_host_reads(t):
+    raise AssertionError("a factor was read on the host")
+
+
+def test_which_factors_are_read_on_the_host():
+    assert var_updates.reads_on_host(0.1, None, torch.tensor(0.5))
+    assert not var_updates.reads_on_host(0.1, torch.tensor(0.5, device="meta"))
