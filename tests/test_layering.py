@@ -68,6 +68,8 @@ FOREIGN_PRIVATES = {
     "_scaled_dot_product_attention_math",  # attention whose mask needs a gradient: aten's math kernel
     "_get_node_type",  # pytree's node type of an object (is it a container pytree flattens?)
     "_dispatch_has_kernel_for_dispatch_key",  # whether an op's out= form has a device kernel (memory plan)
+    # the CPU's fused attention a host trace records, replaced on other devices (device.retarget)
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
 }
 
 

@@ -22,6 +22,7 @@ import torch
 
 from ipuxl.device.layout import needs_padding, paddable_attrs, padded_like
 from ipuxl.device.memory_plan import plan_memory
+from ipuxl.device.retarget import for_device
 from ipuxl.device.rewrites import apply_rewrites
 from ipuxl.ir.calls import call_nodes, callee_of, does_host_io
 from ipuxl.ir.graph import Graph, identifier
@@ -72,6 +73,7 @@ class Compiler:
     def compile(self, graph: Graph, attrs: dict[str, torch.Tensor] | None = None) -> torch.fx.GraphModule:
         """Lower ``graph`` (inlining graphs with one call site), run the rewrites, generate its code."""
         root, code = lower_to_fx(graph, self.callee, attrs, inline=self.inlines, io_index=self._io_index)
+        for_device(code, self.device)  # traced on the host, run here (device.retarget)
         code, self.applied[graph] = apply_rewrites(code)
         self.planned[graph] = plan_memory(code, root, self.workspace, self.device)
         # the Python code is generated once, after the rewrites

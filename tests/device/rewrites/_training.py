@@ -17,14 +17,15 @@ def session_code(session: ipuxl.Session) -> str:
     return "\n".join([session.code] + [c.module.code for c in compiled if c is not None])
 
 
-def train_like_eager(model: torch.nn.Module, *inputs: torch.Tensor, calls: int = 2, lr: float = 1e-2) -> str:
+def train_like_eager(model: torch.nn.Module, *inputs: torch.Tensor, calls: int = 2, lr: float = 1e-2,
+                     optimizer: type[torch.optim.Optimizer] = torch.optim.AdamW) -> str:
     """``calls`` calls of ``ITERATIONS`` steps each (``inputs`` hold every call's rows, in
-    order) through ``trainingModel`` and in eager PyTorch, both with AdamW; asserts equal
-    weights and last loss, and returns the session's code."""
+    order) through ``trainingModel`` and in eager PyTorch, both with ``optimizer`` (AdamW);
+    asserts equal weights and last loss, and returns the session's code."""
     eager = copy.deepcopy(model)
-    opt = torch.optim.AdamW(eager.parameters(), lr=lr)
+    opt = optimizer(eager.parameters(), lr=lr)
     ipu = ipuxl.trainingModel(model, ipuxl.Options().deviceIterations(ITERATIONS),
-                              optimizer=torch.optim.AdamW(model.parameters(), lr=lr))
+                              optimizer=optimizer(model.parameters(), lr=lr))
     rows = len(inputs[0]) // calls
     for call in range(calls):
         batch = [t[call * rows:(call + 1) * rows] for t in inputs]
