@@ -39,12 +39,14 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from ipuxl.device import host_data
+from ipuxl.device.built import Built
+from ipuxl.device.cuda_graphs import GraphedRuns, enabled as cuda_graphs_enabled
 from ipuxl.device.compiler import CompiledGraph, Compiler, replica_program
 from ipuxl.device.failures import StepFailure, step_error, transfer_in_progress
 from ipuxl.device.host_memory import keep_freed_memory
@@ -56,16 +58,15 @@ from ipuxl.device.resources import IpuSpec, check_fits
 from ipuxl.device.variables import DeviceVariables, attr_of, constant_value
 from ipuxl.dtypes import DOWNCAST, dtype_name, to_numpy_dtype
 from ipuxl.errors import (
-    DetachedError, DeviceError, InvalidArgumentError, IpuxlError, ReplicaFailureError, ReplicationError,
+    DetachedError, DeviceError, InvalidArgumentError, IpuxlError, ReplicaFailureError,
     StreamInputError,
 )
 from ipuxl.ir.aliases import storage_owner, written_nodes
 from ipuxl.ir.calls import call_nodes, does_host_io, reachable_graphs, transfer_counts
-from ipuxl.ir.context import user_source_line
 from ipuxl.log import logger
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.ir import Ir
-from ipuxl.ir.meta import BY_REF_ARGS, ROLE, SOURCE, STREAM, Role
+from ipuxl.ir.meta import BY_REF_ARGS, ROLE, STREAM, Role
 from ipuxl.ir.streams import DeviceToHostStream, HostToDeviceStream, Stream
 from ipuxl.ir.tensor import Constant, Tensor, Variable
 from ipuxl.kernels.host_io import stream_cursors
@@ -124,7 +125,7 @@ class Session:
         self.device = device_for(device_desc)
         if self.device.type == "cpu":
             keep_freed_memory()  # the device's memory is kept between steps (device.host_memory)
-        self._built = _Built(ir.replication_factor, ir.num_host_transfers, len(ir.variable_records), user_source_line())
+        self._built = Built.of(ir)
         self._plan = plan_replicas(ir)
         if device_desc == "ipu_model":  # the IPU resource model: fail before compiling when it cannot fit
             check_fits(ir)
@@ -153,6 +154,8 @@ class Session:
             self._compiler.pad_matrices(self._program, self._replica_vars, bound={attr_of(t) for t in storage or {}})
             self._modules = [self._program] + [replica_program(self._program, v) for v in self._replica_vars[1:]]
         self._forwards = [m.forward for m in self._modules]
+        self._graphed = (GraphedRuns(self._program.forward, lambda f, b: self._execute(f, b, 0))
+                         if cuda_graphs_enabled(self.device, len(self._plan.local)) else None)
         self._h2d = [s for s in self._streams if isinstance(s, HostToDeviceStream)]
         self._d2h = [s for s in self._streams if isinstance(s, DeviceToHostStream)]
         self._written_inputs = _written_streams(ir)
@@ -208,6 +211,11 @@ class Session:
                                 top=top, trace_path=trace_path)
         finally:
             self._forwards = saved
+
+    @property
+    def cuda_graphs(self) -> GraphedRuns | None:
+        """ipuxl only: how runs replay as CUDA graphs (``device.cuda_graphs``); None off CUDA."""
+        return self._graphed
 
     @property
     def code(self) -> str:
@@ -285,6 +293,8 @@ class Session:
     def free_buffers(self) -> None:
         """ipuxl only: free the memory plan's buffers (``device.memory_plan``; made again on use)."""
         self._compiler.workspace.clear()
+        if self._graphed is not None:  # its graph reads the freed arenas
+            self._graphed.invalidate()
 
     def _require_attached(self, what: str) -> None:
         if not self._attached:
@@ -327,7 +337,7 @@ class Session:
                 ``source`` say where it failed). See the module docstring.
         """
         self._require_attached("run")
-        self._check_unchanged_ir()
+        self._built.check_unchanged(self.ir, self._records)
         self._memory.check_unchanged(self.ir, self._built.created_at)
         self._check_transfer_counts()
         self._check_keys(inputs or {})
@@ -357,7 +367,13 @@ class Session:
         outputs: dict[Stream, torch.Tensor] = {
             s: self._output_buffer(s, (n, *s.shape)) for s in self._d2h}
         buffers = [loaded[s] if isinstance(s, HostToDeviceStream) else outputs[s] for s in self._streams]
-        self._execute(self._forwards[0], buffers, 0)
+        if self._graphed is None:
+            self._execute(self._forwards[0], buffers, 0)
+        else:  # a CUDA graph per run (device.cuda_graphs): its outputs are in the graph's static buffers
+            kinds = [isinstance(s, HostToDeviceStream) for s in self._streams]
+            ran = dict(zip(self._streams, self._graphed.run(self._forwards[0], buffers, kinds)))
+            self._progress[0] = self._built.steps
+            outputs = {s: ran[s] for s in self._d2h}
         return [outputs[s] for s in self._d2h]
 
     def _run_replicas(self, comm: Communicator, data: Mapping[HostToDeviceStream, Any],
@@ -437,29 +453,6 @@ class Session:
         make = torch.zeros if self._fewest_transfers[stream] < self._built.steps else torch.empty
         return make(shape, dtype=stream.spec.dtype, device=self.device)
 
-    # -- the IR the session compiled ------------------------------------------------------------
-    def _check_unchanged_ir(self) -> None:
-        """Refuse to run when the IR's replicas, steps or variables changed after compiling."""
-        ir, built = self.ir, self._built
-        if (ir.replication_factor, ir.num_host_transfers, len(ir.variable_records)) == built[:3]:
-            return
-        where = f"Session.run at {user_source_line()}; the Session was created at {built.created_at}"
-        fix = "create a new Session after changing the IR: a Session compiles the IR once, when it is created"
-        if ir.replication_factor != built.replicas:
-            raise ReplicationError(
-                f"ir.replication_factor changed from {built.replicas} to {ir.replication_factor} after the Session "
-                f"was created: the session compiled and runs {built.replicas} replica(s)", where=where, fix=fix)
-        if ir.num_host_transfers != built.steps:
-            raise DeviceError(
-                f"ir.num_host_transfers changed from {built.steps} to {ir.num_host_transfers} after the Session "
-                f"was created: the session runs {built.steps} steps per run", where=where, fix=fix)
-        added = [r.tensor for r in ir.variable_records.values() if r.tensor not in self._records]
-        made = "; ".join(f"'{t.name}' made at {t.node.meta.get(SOURCE)}" for t in added)
-        raise DeviceError(
-            f"the IR has {len(added)} variable(s) more than when the Session was created "
-            f"({', '.join(repr(t.name) for t in added)}): the compiled program does not have them",
-            where=f"{where}; {made}", fix=fix)
-
     def run_with_outputs(self, inputs: Mapping[HostToDeviceStream, Any] | None = None,
                          outputs: Mapping[DeviceToHostStream, np.ndarray] | None = None,
                          downcast_inputs: bool = True) -> None:
@@ -527,6 +520,8 @@ class Session:
         """ipuxl only: from now on ``given`` is the device storage of ``tensor`` (first local
         replica), as with ``Session(storage=...)``; the variable takes ``given``'s values."""
         attr, storage = self._variables.bind(tensor, given)
+        if self._graphed is not None:  # its graph reads the old storage
+            self._graphed.invalidate()
         setattr(self._program, attr, storage)
 
     @_device_memory
@@ -588,12 +583,3 @@ def _written_streams(ir: Ir) -> set[Stream]:
             roots.update(storage_owner(node.args[i]) for i in node.meta.get(BY_REF_ARGS, ()))
         found.update(r.meta[STREAM] for r in roots if r.meta.get(ROLE) == Role.H2D and STREAM in r.meta)
     return found
-
-
-class _Built(NamedTuple):
-    """What a Session compiled: the IR's settings then, and where the Session was made."""
-
-    replicas: int
-    steps: int
-    variables: int
-    created_at: str | None

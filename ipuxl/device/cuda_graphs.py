@@ -1,0 +1,183 @@
+"""One CUDA graph per run: a session's device loop replayed without returning to the host.
+
+On CUDA, ``Session.run`` stages each stream's data on the device once, and the compiled
+program's device loop then only launches kernels: nothing in it waits for the GPU. But
+each launch still costs the host its Python and dispatcher time, so a small model's step
+is bound by the host. ``GraphedRuns`` records the whole run (every step of the device
+loop, the optimiser's updates included) as one ``torch.cuda.CUDAGraph`` and replays it on
+later runs: one launch per run, the host idle until the outputs are read back.
+
+The states, per session:
+
+1. The first run runs as compiled (it is also the one that compiles).
+2. The second run runs as compiled on the capture stream (its lazily made handles and
+   buffers belong to that stream).
+3. The third run is captured over static copies of the run buffers, then replayed; every
+   later run copies its input slices into those static buffers, replays, and reads the
+   outputs from them.
+
+What a graph cannot replay is refused at capture, and that session runs as compiled from
+then on (``reason`` says why; logged at INFO):
+
+* host work inside the run: any op on a CPU tensor (a CPU scalar's value would be baked
+  into the graph, and a CPU update would run once, at capture, not at each replay), and
+  any op that reads a device value on the host (``ops.conditional``'s flag, ``.item()``):
+  CUDA refuses those while capturing;
+* random ops drawing from a ``torch.Generator`` other than the default one (the default
+  CUDA generator advances at each replay; another would repeat its numbers).
+
+A captured graph reads the variables, the memory plan's arenas and the static buffers
+at fixed addresses, so whatever may move them drops it (``invalidate``: the session's
+``free_buffers``, ``bind_storage`` and detach); the next run captures again after one
+warm-up run. Only one local replica on a CUDA device is graphed; replicas and CPU
+devices always run as compiled.
+
+Off unless ``IPUXL_CUDA_GRAPHS=1`` is in the environment when the session is made: the
+capture has not yet replayed a training program on a GPU here (the one GPU check so far
+found the programs' per-step host reads that refused it, since removed), so it stays an
+opt-in until a GPU check shows replayed runs equal to the compiled ones (the ``cuda``
+tests of ``tests/device/test_cuda_graphs.py``).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from ipuxl.log import logger
+
+__all__ = ["GraphedRuns", "enabled", "cuda_capture"]
+
+
+def enabled(device: torch.device, replicas: int) -> bool:
+    """Whether a session on ``device`` with ``replicas`` local replicas replays CUDA graphs."""
+    return device.type == "cuda" and replicas == 1 and os.environ.get("IPUXL_CUDA_GRAPHS", "0") == "1"
+
+
+class _NotReplayable(Exception):
+    """Raised inside a capture by ``_DeviceOnly``: the run does host work a replay would skip."""
+
+
+class _DeviceOnly(TorchDispatchMode):
+    """Stops a capture at the first op a graph cannot replay (see the module docstring)."""
+
+    def __init__(self, device_type: str = "cuda"):
+        super().__init__()
+        self.device_type = device_type
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if kwargs.get("generator") is not None:
+            raise _NotReplayable(f"{func} draws from its own torch.Generator")
+        for leaf in tree_leaves((args, kwargs)):
+            if isinstance(leaf, torch.Tensor) and leaf.device.type != self.device_type:
+                raise _NotReplayable(f"{func} reads a {leaf.device.type} tensor of shape {tuple(leaf.shape)}")
+        return func(*args, **kwargs)
+
+
+def cuda_capture(work: Callable[[], None], stream: Any) -> Any:
+    """Record ``work`` (which must not be run: CUDA records its launches) as a
+    ``torch.cuda.CUDAGraph`` on ``stream``; refuses what a replay would get wrong."""
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: other threads' CUDA calls (a data loader pinning memory) are not refused meanwhile
+    with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"), _DeviceOnly("cuda"):
+        work()
+    return graph
+
+
+class GraphedRuns:
+    """A session's runs of its main program, replayed as one CUDA graph each (module docstring).
+
+    Args:
+        forward: the compiled main program's ``forward``; runs with another forward (a
+            profile's labelled program) run as compiled.
+        execute: runs a forward over the run buffers (``Session._execute``: progress and
+            failure handling).
+        capture: ``(work, stream) -> graph`` recording one run, the graph's ``replay()``
+            running it again (default ``cuda_capture``; tests pass a recorder of their own).
+    """
+
+    WARMUP_RUNS = 2
+
+    def __init__(self, forward: Callable[..., Any],
+                 execute: Callable[[Callable[..., Any], Sequence[torch.Tensor]], None],
+                 capture: Callable[[Callable[[], None], Any], Any] = cuda_capture):
+        self.forward = forward
+        self._execute = execute
+        self._capture_with = capture
+        self.reason: str | None = None  # why this session stopped graphing (None: it has not)
+        self.graph: Any = None
+        self.captures = 0  # graphs made (again after each invalidate)
+        self.replays = 0
+        self._static: list[torch.Tensor] = []
+        self._runs = 0  # runs since the last invalidate
+        self._stream: Any = None
+
+    def invalidate(self) -> None:
+        """Drop the graph: what it reads may move. The next runs warm up and capture again."""
+        self.graph, self._static, self._runs = None, [], 0
+
+    def run(self, forward: Callable[..., Any], buffers: Sequence[torch.Tensor], inputs: Sequence[bool]
+            ) -> Sequence[torch.Tensor]:
+        """Run ``forward`` over ``buffers`` (``inputs[i]``: buffer i holds input data; the
+        others receive outputs) and return the buffers that hold the run's outputs: the
+        static ones once a graph replays, else ``buffers``."""
+        if self.reason is not None or forward != self.forward:  # bound methods: equal, not identical
+            self._execute(forward, buffers)
+            return buffers
+        self._runs += 1
+        if self.graph is None and self._runs == self.WARMUP_RUNS:
+            self._on_capture_stream(lambda: self._execute(forward, buffers))
+        elif self.graph is None and (self._runs < self.WARMUP_RUNS or not self._capture(buffers)):
+            self._execute(forward, buffers)
+        else:
+            for static, given, is_input in zip(self._static, buffers, inputs):
+                if is_input:
+                    static.copy_(given)
+            self.graph.replay()
+            self.replays += 1
+            return self._static
+        return buffers
+
+    def _on_capture_stream(self, work: Callable[[], None]) -> None:
+        if self._capture_with is not cuda_capture:
+            work()
+            return
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        self._stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._stream):
+            work()
+        torch.cuda.current_stream().wait_stream(self._stream)
+
+    def _capture(self, buffers: Sequence[torch.Tensor]) -> bool:
+        """Capture one run over static copies of ``buffers``; False (and graphing off for
+        good, with the reason logged) when the run cannot be replayed."""
+        static = [b.clone() for b in buffers]
+        try:
+            graph = self._capture_with(lambda: self._execute(self.forward, static), self._stream)
+        except Exception as exc:  # noqa: BLE001 - any failure to capture: run as compiled from now on
+            cause = _first_cause(exc)
+            self.reason = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+            logger.info("CUDA graphs off for this session (its runs run as compiled): %s", self.reason)
+            if self._capture_with is cuda_capture:
+                torch.cuda.synchronize()
+            return False
+        self.graph, self._static = graph, static
+        self.captures += 1
+        return True
+
+
+def _first_cause(exc: BaseException) -> BaseException:
+    """The error that started a chain: a failed capture's own error is CUDA's "operation failed
+    due to a previous error during capture", raised as the capture ends, over the op's."""
+    seen = {id(exc)}
+    while True:
+        inner = exc.__cause__ or exc.__context__
+        if inner is None or id(inner) in seen:
+            return exc
+        seen.add(id(inner))
+        exc = inner
