@@ -1,7 +1,7 @@
 """Training speed and memory of Hugging Face transformers through ipuxl's ``trainingModel``
 against eager PyTorch and ``torch.compile``.
 
-Run:   python benchmarks/bench_transformers.py [--models bert,gpt2,t5,vit] [--threads T]
+Run:   python benchmarks/bench_transformers.py [--models bert,gpt2,t5,vit] [--threads T] [--device cuda]
                                                [--repeats 5] [--calls 2] [--no-memory] [--quick] [--tiny]
 
 What it trains (``MODELS``): Hugging Face models built from their configs (nothing is
@@ -64,6 +64,16 @@ it. The first call's own peak (with the compiler's memory) is not in it.
 
 On a small or shared machine, ``--threads 1`` gives steadier numbers.
 
+``--device cuda`` (the default where CUDA is present: ``trainingModel`` runs on ``ipu_hw``,
+which is CUDA there, so ``cpu`` is refused on such a machine): every side trains on the
+GPU. The data stays on the host, as a data loader gives it: eager and torch.compile copy
+each step's batch to the GPU, ipuxl stages each call's (its session's host streams).
+Every timing and first call ends with ``torch.cuda.synchronize()``. With
+``IPUXL_CUDA_GRAPHS=1`` in the environment ipuxl replays each call from its third on as one
+CUDA graph (``ipuxl.device.cuda_graphs``; the first table says whether it did, or why not). Peak memory on CUDA is ``torch.cuda.max_memory_reserved``
+over the timed calls (what the caching allocator holds, a CUDA graph's private pool
+included; the fresh process holds nothing on the GPU before), in MiB.
+
 Checks that it runs (not timings): ``--quick`` (1 repeat of 1 call, no memory processes);
 ``--tiny`` (the same models and code paths at toy sizes: hidden 32, 2 heads, 2 layers,
 16 tokens, vocabularies of 1000, 32x32 images); ``--no-compile`` (no torch.compile side:
@@ -100,6 +110,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_models import one_ulp_away, passes, relative_distance  # noqa: E402
 
 BATCH, ITERATIONS, LR = 2, 2, 1e-4
+DEVICE = torch.device("cpu")  # ``--device`` sets it
 SIDES = ("eager", "ipuxl", "compile")
 
 
@@ -210,6 +221,10 @@ class Call:
         self.inputs = inputs
         self.steps = [{k: v[i * BATCH:(i + 1) * BATCH] for k, v in inputs.items()} for i in range(ITERATIONS)]
 
+    def on_device(self, step: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One micro-batch on ``DEVICE`` (eager and torch.compile copy each step's)."""
+        return {k: v.to(DEVICE) for k, v in step.items()} if DEVICE.type != "cpu" else step
+
     def cast(self, dtype: torch.dtype) -> "Call":
         return Call({k: v.to(dtype) if v.is_floating_point() else v for k, v in self.inputs.items()})
 
@@ -228,13 +243,13 @@ class Eager:
     """The module and its AdamW, ``ITERATIONS`` steps per call in a Python loop."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype = torch.float32):
-        self.model, self.dtype = model, dtype
+        self.model, self.dtype = model.to(DEVICE), dtype
         self.opt = _adamw(model)
 
     def __call__(self, call: Call) -> None:
         for inputs in (call.steps if self.dtype == torch.float32 else call.cast(self.dtype).steps):
             self.opt.zero_grad()
-            self.model(**inputs).loss.backward()
+            self.model(**call.on_device(inputs)).loss.backward()
             self.opt.step()
 
 
@@ -243,7 +258,8 @@ class Compiled:
     (compiled autograd: backward and update too); ``model+opt`` where that fails."""
 
     def __init__(self, model: nn.Module):
-        self.model, self.opt = model, _adamw(model)
+        self.model = model.to(DEVICE)
+        self.opt = _adamw(model)
         self.mode = "step"
         torch._dynamo.config.compiled_autograd = True
         self.step = torch.compile(self._step)
@@ -257,6 +273,7 @@ class Compiled:
 
     def __call__(self, call: Call) -> None:
         for inputs in call.steps:
+            inputs = call.on_device(inputs)
             try:
                 self.step(inputs)
             except Exception:  # noqa: BLE001 - the whole step did not compile: the common fallback
@@ -296,9 +313,23 @@ class Ipuxl:
     def free(self) -> None:
         self.ipu.destroy()
 
+    @property
+    def graphs(self) -> str:
+        """Whether the calls replay CUDA graphs: ``yes``, ``no (why)``, or ``-`` off CUDA."""
+        runs = self.ipu.session.cuda_graphs if self.ipu.session is not None else None
+        if runs is None:
+            return "-"
+        return "yes" if runs.replays else f"no ({runs.reason or 'not yet captured'})"
+
 
 def _state(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+def synchronize() -> None:
+    """Wait for ``DEVICE``'s queued work (a timing must include it)."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def make_side(side: str, model: nn.Module) -> Callable[[Call], None]:
@@ -314,6 +345,7 @@ class Result:
     err: dict[str, float]  # ipuxl, eager, other (one ulp away), compile
     worst: str
     compile_mode: str
+    graphs: str = "-"  # whether ipuxl's calls replay CUDA graphs (``Ipuxl.graphs``)
     memory: dict[str, float] | None = None
 
     @property
@@ -340,6 +372,7 @@ def bench_model(name: str, calls: int, repeats: int, check_calls: int, with_comp
             for side, run in sides.items():
                 start = time.perf_counter()
                 run(call)
+                synchronize()
                 if side in first and i < 2:
                     first[side].append(time.perf_counter() - start)
         states = {"ipuxl": sides["ipuxl"].state(), **{k: _state(m) for k, m in copies.items()}}
@@ -353,7 +386,8 @@ def bench_model(name: str, calls: int, repeats: int, check_calls: int, with_comp
         ms = {"compile": math.nan, **alternate_timings({k: sides[k] for k in timed}, make_data(name, min(calls, 4)),
                                                         calls, repeats)}
         firsts = {"compile": (math.nan, math.nan), **{k: (v[0], v[1]) for k, v in first.items()}}
-        return Result(name, ms, firsts, err, worst, sides["compile"].mode if with_compile else "-")
+        return Result(name, ms, firsts, err, worst, sides["compile"].mode if with_compile else "-",
+                      sides["ipuxl"].graphs)
     finally:
         sides["ipuxl"].free()
         torch._dynamo.reset()
@@ -367,6 +401,7 @@ def alternate_timings(sides: dict[str, Callable[[Call], None]], data: list[Call]
         start = time.perf_counter()
         for i in range(calls):
             run(data[i % len(data)])
+        synchronize()
         return (time.perf_counter() - start) / calls * 1e3
 
     names = list(sides)
@@ -392,10 +427,17 @@ def memory_of_side(name: str, side: str, calls: int) -> float:
     run = make_side(side, build(name))
     data = make_data(name, min(calls, 4))
     run(data[0])
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset the peak (VmHWM) to the current RSS
+    synchronize()
+    if DEVICE.type == "cuda":  # the GPU's memory, not the host's (module docstring)
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak (VmHWM) to the current RSS
     for i in range(calls):
         run(data[i % len(data)])
+    synchronize()
+    if DEVICE.type == "cuda":
+        return torch.cuda.max_memory_reserved() / 2**20
     return (_status_kib("VmHWM") - base) / 1024
 
 
@@ -411,6 +453,7 @@ def measure_memory(name: str, calls: int, threads: int | None, sides: tuple[str,
             cmd += ["--threads", str(threads)]
         if SIZES is TINY:
             cmd.append("--tiny")
+        cmd += ["--device", DEVICE.type]
         done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
         lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
         out[side] = json.loads(lines[-1])["mib"] if done.returncode == 0 and lines else math.nan
@@ -435,12 +478,20 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser.add_argument("--quick", action="store_true", help="smoke test: 1 repeat of 1 call, no memory")
     parser.add_argument("--no-compile", action="store_true", help="no torch.compile side (its columns: nan)")
     parser.add_argument("--tiny", action="store_true", help="toy sizes (hidden 32, 2 layers, 16 tokens): a fast check")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where every side trains (default: cuda where present)")
     parser.add_argument("--memory-of", default=None, help=argparse.SUPPRESS)  # MODEL:SIDE, in a fresh process
     opts = parser.parse_args(argv)
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here")
+    if opts.device == "cpu" and torch.cuda.is_available():
+        parser.error("--device cpu: trainingModel runs on ipu_hw, which is CUDA on this machine; "
+                     "run with --device cuda, or hide the GPU (CUDA_VISIBLE_DEVICES=) to compare on the CPU")
     if opts.threads:
         torch.set_num_threads(opts.threads)
-    global SIZES
+    global SIZES, DEVICE
     SIZES = TINY if opts.tiny else FULL
+    DEVICE = torch.device(opts.device)
     if opts.memory_of:
         name, side = opts.memory_of.split(":")
         print(json.dumps({"mib": memory_of_side(name, side, opts.calls)}))
@@ -451,7 +502,8 @@ def main(argv: list[str] | None = None) -> list[Result]:
     if set(names) - set(MODELS):
         parser.error(f"--models {opts.models}: unknown {sorted(set(names) - set(MODELS))}; "
                      f"choose from {', '.join(MODELS)}")
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}, "
+    where = torch.cuda.get_device_name(0) if DEVICE.type == "cuda" else f"cpu, threads {torch.get_num_threads()}"
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {where}, "
           f"micro-batch {BATCH} x {SIZES.sequence} tokens, {ITERATIONS} steps/call, AdamW, repeats {opts.repeats}, "
           f"calls/timing {opts.calls}" + (", TINY sizes" if SIZES is TINY else ""), flush=True)
     start, results, failed = time.perf_counter(), [], []
@@ -472,21 +524,28 @@ def main(argv: list[str] | None = None) -> list[Result]:
 
 
 def _print_row(r: Result) -> None:
-    print(f"{r.name}: eager {r.ms['eager']:.0f} ms, ipuxl {r.ms['ipuxl']:.0f} ms, "
-          f"torch.compile {r.ms['compile']:.0f} ms per call; weights {'ok' if r.ok else 'MISMATCH'}", flush=True)
+    mem = r.memory or {}
+    print(f"{r.name}: eager {r.ms['eager']:.1f} ms, ipuxl {r.ms['ipuxl']:.1f} ms, "
+          f"torch.compile {r.ms['compile']:.1f} ms per call; weights {'ok' if r.ok else 'MISMATCH'}; first call "
+          f"ipuxl {r.first['ipuxl'][0]:.1f} s, torch.compile {r.first['compile'][0]:.1f} s; peak MiB "
+          + ", ".join(f"{k} {v:.0f}" for k, v in mem.items()) + (f"; CUDA graphs {r.graphs}" if r.graphs != "-" else ""),
+          flush=True)
 
 
 def _print_tables(results: list[Result], failed: list[str], seconds: float) -> None:
     head = (f"{'model':<6} {'eager ms':>9} {'ipuxl ms':>9} {'compile ms':>10} {'eager/ipuxl':>11} "
-            f"{'compile/ipuxl':>13} {'err ipuxl':>9} {'err eager':>9} {'err other':>9} {'err compile':>11}  weights")
+            f"{'compile/ipuxl':>13} {'err ipuxl':>9} {'err eager':>9} {'err other':>9} {'err compile':>11}  weights"
+            + ("   CUDA graphs" if DEVICE.type == "cuda" else ""))
     print("\n" + head + "\n" + "-" * len(head))
     for r in results:
-        print(f"{r.name:<6} {r.ms['eager']:>9.0f} {r.ms['ipuxl']:>9.0f} {r.ms['compile']:>10.0f} "
+        print(f"{r.name:<6} {r.ms['eager']:>9.1f} {r.ms['ipuxl']:>9.1f} {r.ms['compile']:>10.1f} "
               f"{r.ms['eager'] / r.ms['ipuxl']:>11.3f} {r.ms['compile'] / r.ms['ipuxl']:>13.3f} "
               f"{r.err['ipuxl']:>9.2e} {r.err['eager']:>9.2e} {r.err['other']:>9.2e} {r.err['compile']:>11.2e}  "
-              + ("ok" if r.ok else f"MISMATCH (worst: {r.worst})"))
+              + ("ok" if r.ok else f"MISMATCH (worst: {r.worst})")
+              + (f"   {r.graphs}" if DEVICE.type == "cuda" else ""))
     head = (f"{'model':<6} {'first call s: ipuxl':>19} {'compile':>8} {'2nd call s: ipuxl':>17} {'compile':>8} "
-            f"{'compiled':>9}   {'peak MiB: eager':>15} {'ipuxl':>6} {'compile':>7}")
+            f"{'compiled':>9}   {'GPU MiB: eager' if DEVICE.type == 'cuda' else 'peak MiB: eager':>15} {'ipuxl':>6} "
+            f"{'compile':>7}")
     print("\n" + head + "\n" + "-" * len(head))
     for r in results:
         mem = r.memory or {}
