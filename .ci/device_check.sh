@@ -7,7 +7,8 @@ export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 IPUXL_DATA=/nonexistent
 OUT="${OUT:-/tmp/ipuxl_device_check}"; mkdir -p "$OUT"
 BENCH_TIMEOUT="${BENCH_TIMEOUT:-330}"
 python3 -c "import torch, transformers, ipuxl; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" 2>&1 | tee "$OUT/env.log"
-TESTS="${TESTS:-tests/device/test_cuda_graphs.py tests/device/test_retarget.py tests/device/test_session.py tests/device/test_layout.py \
+TESTS="${TESTS:-tests/device/test_cuda_graphs.py tests/device/test_retarget.py tests/kernels/test_attention.py tests/device/test_session.py \
+  tests/kernels/test_var_updates.py tests/device/test_layout.py \
   tests/poptorch_compat/compile/test_memory_format.py tests/poptorch_compat/runtime/test_executor.py tests/ir/test_placement.py \
   tests/device/test_ipus.py tests/addons_compat/transforms/test_pipelining.py tests/reference/test_popxl_pipelining.py}"
 timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider --timeout 120 $TESTS > "$OUT/tests.log" 2>&1

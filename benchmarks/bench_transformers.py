@@ -68,9 +68,9 @@ On a small or shared machine, ``--threads 1`` gives steadier numbers.
 which is CUDA there, so ``cpu`` is refused on such a machine): every side trains on the
 GPU. The data stays on the host, as a data loader gives it: eager and torch.compile copy
 each step's batch to the GPU, ipuxl stages each call's (its session's host streams).
-Every timing and first call ends with ``torch.cuda.synchronize()``. With
-``IPUXL_CUDA_GRAPHS=1`` in the environment ipuxl replays each call from its third on as one
-CUDA graph (``ipuxl.device.cuda_graphs``; the first table says whether it did, or why not). Peak memory on CUDA is ``torch.cuda.max_memory_reserved``
+Every timing and first call ends with ``torch.cuda.synchronize()``. ipuxl replays each
+call from its third on as one CUDA graph (``ipuxl.device.cuda_graphs``; the first table
+says whether it did, or why not; ``IPUXL_CUDA_GRAPHS=0`` in the environment turns it off). Peak memory on CUDA is ``torch.cuda.max_memory_reserved``
 over the timed calls (what the caching allocator holds, a CUDA graph's private pool
 included; the fresh process holds nothing on the GPU before), in MiB.
 

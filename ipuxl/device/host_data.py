@@ -1,17 +1,19 @@
 """The host data of a host-to-device stream: its shape checked against the program's
 ``(num_host_transfers, replicas, *stream shape)`` (each leading dim dropped when it is 1)
-and, with replicas, the slices of this process's replicas kept."""
+and, with replicas, the slices of this process's replicas kept; and a run's outputs brought
+back to the host (``to_host``)."""
 from __future__ import annotations
 
 import math
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ipuxl.errors import ReplicationError, StreamInputError
 from ipuxl.ir.streams import HostToDeviceStream
 
-__all__ = ["full_shape", "replica_slice"]
+__all__ = ["full_shape", "replica_slice", "to_host"]
 
 
 def full_shape(shape: Sequence[int], steps: int, replicas: int) -> tuple[int, ...]:
@@ -61,3 +63,24 @@ def _raise_shape(stream: HostToDeviceStream, got: tuple[int, ...], steps: int, r
         f"(stream shape {stream.shape}, num_host_transfers={steps}, replication_factor={replicas}), got {got}",
         fix="give (num_host_transfers, replication_factor, *stream.shape) data, each leading dim dropped "
             "when it is 1")
+
+
+def to_host(outputs: Sequence[torch.Tensor], shapes: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """A run's stored outputs as host arrays of ``shapes`` (bfloat16 as float32: numpy has none).
+
+    From a GPU each output is copied into page-locked host memory (torch's caching host
+    allocator, so the pages come back run after run), all copies queued before one wait:
+    a copy to ordinary pages is several times slower (the driver stages it), and a language
+    model's logits are tens of MiB per run. The arrays keep their host tensors alive."""
+    arrays = []
+    for tensor in outputs:
+        tensor = tensor.detach()
+        if tensor.dtype == torch.bfloat16:
+            tensor = tensor.to(torch.float32)
+        if tensor.device.type == "cuda":
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            tensor = host.copy_(tensor, non_blocking=True)
+        arrays.append(tensor)
+    if any(o.device.type == "cuda" for o in outputs):
+        torch.cuda.current_stream().synchronize()
+    return [t.cpu().numpy().reshape(tuple(shape)) for t, shape in zip(arrays, shapes)]

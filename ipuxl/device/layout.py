@@ -11,7 +11,8 @@ the forward ``x @ W``, the input gradient ``dy @ W.T`` and the fused update
 So the session keeps such a variable in a buffer with ``cols + pad`` elements per
 row and gives the program the ``(rows, cols)`` slice of it: the variable's values,
 shape and dtype are the same, only its row stride differs. PopXL leaves the layout
-of a variable's tiles to Poplar; this is the simulated device's choice of layout.
+of a variable's tiles to Poplar; this is the simulated device's choice of layout, on
+CPU devices only (a GPU's caches are another matter, not measured).
 
 A strided variable is only safe where every reader and writer of it accepts any
 strides and nothing takes a view that would silently become a copy (``reshape``

@@ -359,7 +359,7 @@ class Session:
                 stopped.steps_applied = min(self._progress)
             self._failed_run = stopped
             raise
-        return {s: self._to_host(o, s) for s, o in zip(self._d2h, results)}
+        return dict(zip(self._d2h, host_data.to_host(results, [self._full_shape(s.shape) for s in self._d2h])))
 
     def _run_one(self, data: Mapping[HostToDeviceStream, Any], downcast: bool) -> list[torch.Tensor]:
         n = self._built.steps
@@ -510,10 +510,6 @@ class Session:
         return host_data.replica_slice(stream, tensor, steps=self._built.steps, replicas=self._built.replicas,
                                        local=self._plan.local, distributed=self._plan.distributed,
                                        replicated=self._comm is not None, where=f"Session of {self.ir!r}")
-
-    def _to_host(self, tensor: torch.Tensor, stream: DeviceToHostStream) -> np.ndarray:
-        array = tensor.detach().to("cpu", torch.float32 if tensor.dtype == torch.bfloat16 else tensor.dtype).numpy()
-        return array.reshape(self._full_shape(stream.shape))
 
     # -- weights (device.variables) --------------------------------------------------------
     def bind_storage(self, tensor: Variable, given: torch.Tensor) -> None:

@@ -16,8 +16,9 @@ kernel's arguments, dtypes and output layouts:
   ``dk = ds^T @ q * scale``.
 
 Half-precision inputs are computed in float32 (the CPU kernel's accumulation type) and
-rounded once. Attention dropout is not supported here (``UnsupportedError``): a model
-trained with it on CUDA should set its attention dropout to 0 or run on the CPU.
+rounded once. Attention dropout never reaches these (the CPU trace of an attention with
+dropout takes aten's math path: softmax, a seeded Bernoulli mask, matmuls, which run
+anywhere); a call with it is refused (``UnsupportedError``) rather than run without it.
 """
 from __future__ import annotations
 

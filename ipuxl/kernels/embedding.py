@@ -20,7 +20,8 @@ def add_embedding_grad(other: torch.Tensor, grad_output: torch.Tensor, indices: 
 
     Each token's row of ``grad_output`` is added to row ``indices[i]`` of ``other`` (a copy
     of it unless ``in_place``), in token order; tokens equal to ``padding_idx`` (when it
-    is not negative) add nothing, as in aten's kernel. Numerics: aten sums a row's tokens
+    is not negative) add nothing, as in aten's kernel (off the CPU they add zeros: the same
+    values, but a -0.0 there becomes +0.0). Numerics: aten sums a row's tokens
     first and adds the sum to ``other``; here each token is added to ``other`` in turn,
     so a row that two or more tokens share may differ in its last bits.
     """
@@ -28,7 +29,10 @@ def add_embedding_grad(other: torch.Tensor, grad_output: torch.Tensor, indices: 
     index = indices.reshape(-1)
     if padding_idx >= 0:
         kept = index != padding_idx
-        rows, index = rows[kept], index[kept]
+        if rows.device.type == "cpu":
+            rows, index = rows[kept], index[kept]
+        else:  # a boolean index would make the host wait for the device: add zero rows instead
+            rows = rows * kept.unsqueeze(1).to(rows.dtype)
     out = other if in_place else other.clone()
     return out.index_add_(0, index, rows.to(out.dtype))
 

@@ -35,10 +35,10 @@ def log_softmax_nll_grad(log_probs: torch.Tensor, grad_output: torch.Tensor, tar
     """
     rows = log_probs.shape[0]
     valid = target != ignore_index
-    safe = torch.where(valid, target, torch.zeros((), dtype=target.dtype))
+    safe = torch.where(valid, target, torch.zeros((), dtype=target.dtype, device=target.device))
     grad = -(grad_output / total_weight) if REDUCTIONS[reduction] == "mean" else -grad_output
     scale = (weight[safe] * grad if weight is not None else grad.expand(rows)).to(log_probs.dtype)
-    scale = torch.where(valid, scale, torch.zeros((), dtype=scale.dtype))
+    scale = torch.where(valid, scale, torch.zeros((), dtype=scale.dtype, device=scale.device))
     out = torch.exp(log_probs, out=log_probs) if in_place else torch.exp(log_probs)
     # 0 - s, not -s: an ignored row's gradient is +0, as aten's (0 - exp * 0)
     out.mul_(torch.sub(0.0, scale).unsqueeze(1))

@@ -19,3 +19,11 @@ def test_every_model_trains_and_passes_the_weight_check_at_toy_sizes():
     assert rows == {"bert": "ok", "gpt2": "ok", "t5": "ok", "vit": "ok"}, out
     assert "weight check: 4 ok, 0 mismatch" in out and "failed to run" not in out, out
     assert re.search(r"geometric mean eager/ipuxl \d+\.\d+", out), out
+
+
+def test_the_profile_script_profiles_both_sides_at_toy_sizes():
+    out = run_script("profile_transformer.py", "--tiny", "--model", "gpt2", "--calls", "1", "--top", "3")
+    for side in ("ipuxl", "eager"):
+        assert re.search(rf"^== gpt2 {side}: \d+\.\d ms per call \(profiled\); host waits per call: "
+                         r"cudaStreamSynchronize 0, cudaDeviceSynchronize 0, cudaMemcpy 0$", out, re.MULTILINE), out
+    assert out.count("Self CPU time total") == 2, out

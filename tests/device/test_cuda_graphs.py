@@ -146,7 +146,7 @@ def test_capture_refuses_host_tensors_and_own_generators():
 
 
 @pytest.mark.parametrize("device, replicas, env, expected", [
-    ("cuda", 1, None, False), ("cuda", 1, "1", True), ("cuda", 1, "0", False), ("cuda", 2, "1", False),
+    ("cuda", 1, None, True), ("cuda", 1, "1", True), ("cuda", 1, "0", False), ("cuda", 2, None, False),
     ("cpu", 1, "1", False)])
 def test_which_sessions_replay_graphs(monkeypatch, device, replicas, env, expected):
     if env is None:

@@ -15,7 +15,7 @@ from torch.testing import assert_close
 
 import ipuxl
 import ipuxl.device.compiler
-from ipuxl.device.retarget import for_device, portable_attention
+from ipuxl.device.retarget import device_arguments, for_device, portable_attention
 from ipuxl.kernels.attention import attention_backward, attention_forward
 
 from .rewrites._training import train_like_eager
@@ -86,7 +86,8 @@ def test_a_transformer_trains_as_eager_with_portable_attention(monkeypatch):
     """The whole training program with the portable attention (as on CUDA), run on the CPU.
     SGD, not AdamW: a key's bias has a zero true gradient (it shifts a query's scores alike),
     so Adam's normalised steps of it follow each kernel's rounding noise."""
-    monkeypatch.setattr(ipuxl.device.compiler, "for_device", lambda graph, device: portable_attention(graph))
+    monkeypatch.setattr(ipuxl.device.compiler, "for_device",  # on any device, the CPU too
+                        lambda graph, device: (device_arguments(graph, device), portable_attention(graph))[1])
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(1, 50, (12, 8), generator=gen)
