@@ -70,6 +70,7 @@ FOREIGN_PRIVATES = {
     "_dispatch_has_kernel_for_dispatch_key",  # whether an op's out= form has a device kernel (memory plan)
     # the CPU's fused attention a host trace records, replaced on other devices (device.retarget)
     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
+    "_local_scalar_dense",  # aten's read of a tensor's value on the host (refused in a CUDA graph capture)
 }
 
 

@@ -16,13 +16,18 @@ The states, per session:
    later run copies its input slices into those static buffers, replays, and reads the
    outputs from them.
 
-What a graph cannot replay is refused at capture, and that session runs as compiled from
-then on (``reason`` says why; logged at INFO):
+What a graph cannot replay is refused, and that session runs as compiled from then on
+(``reason`` says why; logged at INFO). Before any capture, the compiled code is scanned
+(``host_reads``): kernels that read device values on the host by design (seeded random
+draws, prints, host callbacks, Streaming Memory, sampling and decoding kernels, a
+conditional branch's host transfers) refuse it there, so a capture attempt never runs
+their Python side effects (a print of a value the capture has not computed). What the scan
+cannot see is refused at capture:
 
-* host work inside the run: any op on a CPU tensor (a CPU scalar's value would be baked
-  into the graph, and a CPU update would run once, at capture, not at each replay), and
-  any op that reads a device value on the host (``ops.conditional``'s flag, ``.item()``):
-  CUDA refuses those while capturing;
+* host work inside the run: any op on or making a CPU tensor (a CPU scalar's value would be
+  baked into the graph, and a CPU update would run once, at capture, not at each replay),
+  and any op that reads a device value on the host (``.item()``, ``.tolist()``): refused
+  before it runs, and CUDA refuses such copies while capturing too;
 * random ops drawing from a ``torch.Generator`` other than the default one (the default
   CUDA generator advances at each replay; another would repeat its numbers).
 
@@ -40,15 +45,17 @@ replayed training gives the compiled runs' weights and losses bit for bit, and
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ipuxl.kernels import debug
+from ipuxl.kernels.host_io import gate_cursors
 from ipuxl.log import logger
 
-__all__ = ["GraphedRuns", "enabled", "cuda_capture"]
+__all__ = ["GraphedRuns", "enabled", "cuda_capture", "host_reads"]
 
 
 def enabled(device: torch.device, replicas: int) -> bool:
@@ -60,6 +67,9 @@ class _NotReplayable(Exception):
     """Raised inside a capture by ``_DeviceOnly``: the run does host work a replay would skip."""
 
 
+_HOST_READS = frozenset({torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default})
+
+
 class _DeviceOnly(TorchDispatchMode):
     """Stops a capture at the first op a graph cannot replay (see the module docstring)."""
 
@@ -69,12 +79,51 @@ class _DeviceOnly(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if func in _HOST_READS:
+            raise _NotReplayable(f"{func} reads a device value on the host")
         if kwargs.get("generator") is not None:
             raise _NotReplayable(f"{func} draws from its own torch.Generator")
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type != self.device_type:
+            raise _NotReplayable(f"{func} makes a tensor on {device}")
         for leaf in tree_leaves((args, kwargs)):
             if isinstance(leaf, torch.Tensor) and leaf.device.type != self.device_type:
                 raise _NotReplayable(f"{func} reads a {leaf.device.type} tensor of shape {tuple(leaf.shape)}")
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor) and leaf.device.type != self.device_type:
+                raise _NotReplayable(f"{func} made a {leaf.device.type} tensor")
+        return out
+
+
+#: kernel modules whose functions read device values on the host by design (module docstring)
+_HOST_READING_MODULES = frozenset(f"ipuxl.kernels.{m}" for m in (
+    "random", "poplar_print", "host_callbacks", "remote", "cluster", "ctc_decoder"))
+#: and single functions of other modules (``debug.init``, beside ``debug.print_tensor``, is pure)
+_HOST_READING_FUNCTIONS = frozenset({gate_cursors, debug.print_tensor})
+#: ipuxl custom ops that do (their implementations live in those modules)
+_HOST_READING_OPS = frozenset({
+    "print_tensor", "ipu_print_tensor", "host_callback", "fps", "ctc_beam_search_decoder", "random_uniform",
+    "random_normal", "dropout_mask", "modify_seed", "offset_seed", "random_fill", "random_integers",
+    "random_permutation", "random_sample"})
+
+
+def host_reads(modules: Iterable[torch.fx.GraphModule]) -> str | None:
+    """The first op of the compiled ``modules`` that reads device values on the host by
+    design, named for ``GraphedRuns.reason``; None when there is none."""
+    for module in modules:
+        for node in module.graph.nodes:
+            target = node.target
+            if node.op != "call_function":
+                continue
+            op_name = str(getattr(target, "_opname", None) or getattr(getattr(target, "_schema", None), "name", ""))
+            op_name = op_name.split("::")[-1]
+            if getattr(target, "namespace", None) == "ipuxl" and op_name in _HOST_READING_OPS:
+                return f"the program calls ipuxl::{op_name} (node '{node.name}'), which reads on the host"
+            if getattr(target, "__module__", None) in _HOST_READING_MODULES or target in _HOST_READING_FUNCTIONS:
+                return (f"the program calls {target.__module__}.{target.__name__} (node '{node.name}'), which reads "
+                        "on the host")
+    return None
 
 
 def cuda_capture(work: Callable[[], None], stream: Any) -> Any:
@@ -97,17 +146,18 @@ class GraphedRuns:
             failure handling).
         capture: ``(work, stream) -> graph`` recording one run, the graph's ``replay()``
             running it again (default ``cuda_capture``; tests pass a recorder of their own).
+        refused: why the program can never be replayed (``host_reads``); None: try.
     """
 
     WARMUP_RUNS = 2
 
     def __init__(self, forward: Callable[..., Any],
                  execute: Callable[[Callable[..., Any], Sequence[torch.Tensor]], None],
-                 capture: Callable[[Callable[[], None], Any], Any] = cuda_capture):
+                 capture: Callable[[Callable[[], None], Any], Any] = cuda_capture, refused: str | None = None):
         self.forward = forward
         self._execute = execute
         self._capture_with = capture
-        self.reason: str | None = None  # why this session stopped graphing (None: it has not)
+        self.reason: str | None = refused  # why this session does not graph (None: it does, or will)
         self.graph: Any = None
         self.captures = 0  # graphs made (again after each invalidate)
         self.replays = 0
@@ -147,6 +197,10 @@ class GraphedRuns:
             return
         if self._stream is None:
             self._stream = torch.cuda.Stream()
+        # the cached blocks of the runs so far would stay reserved beside the capture stream's
+        # own (the caching allocator keeps blocks per stream): hand them back first
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
         self._stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self._stream):
             work()

@@ -46,7 +46,7 @@ import torch
 
 from ipuxl.device import host_data
 from ipuxl.device.built import Built
-from ipuxl.device.cuda_graphs import GraphedRuns, enabled as cuda_graphs_enabled
+from ipuxl.device.cuda_graphs import GraphedRuns, enabled as cuda_graphs_enabled, host_reads
 from ipuxl.device.compiler import CompiledGraph, Compiler, replica_program
 from ipuxl.device.failures import StepFailure, step_error, transfer_in_progress
 from ipuxl.device.host_memory import keep_freed_memory
@@ -154,7 +154,8 @@ class Session:
             self._compiler.pad_matrices(self._program, self._replica_vars, bound={attr_of(t) for t in storage or {}})
             self._modules = [self._program] + [replica_program(self._program, v) for v in self._replica_vars[1:]]
         self._forwards = [m.forward for m in self._modules]
-        self._graphed = (GraphedRuns(self._program.forward, lambda f, b: self._execute(f, b, 0))
+        self._graphed = (GraphedRuns(self._program.forward, lambda f, b: self._execute(f, b, 0),
+                                     refused=host_reads([self._program, *(c.module for c in self._compiled.values())]))
                          if cuda_graphs_enabled(self.device, len(self._plan.local)) else None)
         self._h2d = [s for s in self._streams if isinstance(s, HostToDeviceStream)]
         self._d2h = [s for s in self._streams if isinstance(s, DeviceToHostStream)]

@@ -20,7 +20,7 @@ from torch.testing import assert_close
 
 import ipuxl
 import ipuxl.ops as ops
-from ipuxl.device.cuda_graphs import GraphedRuns, _DeviceOnly, _NotReplayable, enabled
+from ipuxl.device.cuda_graphs import GraphedRuns, _DeviceOnly, _NotReplayable, enabled, host_reads
 
 F32 = ipuxl.float32
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -135,14 +135,70 @@ def test_another_forward_runs_as_compiled():
 
 
 def test_capture_refuses_host_tensors_and_own_generators():
+    host = torch.ones(2)
     with pytest.raises(_NotReplayable, match=r"reads a cpu tensor of shape \(2,\)"):
         with _DeviceOnly("cuda"):
-            torch.ones(2).add_(1)
+            host.add_(1)
     with pytest.raises(_NotReplayable, match="draws from its own torch.Generator"):
         with _DeviceOnly("cpu"):
             torch.randn(2, generator=torch.Generator().manual_seed(0))
     with _DeviceOnly("cpu"):  # the device's own tensors and the default generator are fine
         torch.randn(2).mul_(2)
+
+
+def test_capture_refuses_host_reads_and_tensors_made_elsewhere():
+    with pytest.raises(_NotReplayable, match="reads a device value on the host"):
+        with _DeviceOnly("cpu"):
+            torch.ones(2).sum().item()
+    with pytest.raises(_NotReplayable, match="makes a tensor on meta"):
+        with _DeviceOnly("cpu"):
+            torch.zeros(2, device="meta")
+    with pytest.raises(_NotReplayable, match="makes a tensor on meta"):
+        with _DeviceOnly("cpu"):
+            torch.ones(2).to("meta")
+
+
+def _compiled_modules(session):
+    return [session.programs[0], *(c.module for g in session.ir.graphs if (c := session.compiled_graph(g)))]
+
+
+def test_programs_that_read_on_the_host_by_design_are_never_captured():
+    """The scan runs before any capture: a failed capture would run their Python side effects."""
+    class Dropping(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x, y):
+            out = torch.nn.functional.dropout(self.fc(x), 0.5, training=True)
+            return out, torch.nn.functional.cross_entropy(out, y)
+
+    model = Dropping()
+    ipu = ipuxl.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    ipu(torch.randn(4, 4), torch.randint(0, 3, (4,)))
+    reason = host_reads(_compiled_modules(ipu.session))
+    assert reason is not None and "reads on the host" in reason and "random" in reason, reason
+
+    ir = ipuxl.Ir()
+    with ir.main_graph:
+        x = ipuxl.variable(np.ones(3, np.float32), name="x")
+        ops.print_tensor(x * 2.0, "doubled")
+    with ipuxl.Session(ir, "cpu") as session:
+        reason = host_reads(_compiled_modules(session))
+    assert reason is not None and "print" in reason, reason
+
+    ir, *_ = _accumulator(2)
+    with ipuxl.Session(ir, "cpu") as session:
+        assert host_reads(_compiled_modules(session)) is None
+
+
+def test_a_refused_program_runs_as_compiled():
+    calls = []
+    graphed = GraphedRuns(calls.append, lambda f, b: calls.append("run"), Recorded, refused="it prints")
+    buffers = [torch.zeros(2)]
+    for _ in range(4):
+        assert graphed.run(graphed.forward, buffers, [True]) is buffers
+    assert calls == ["run"] * 4 and graphed.captures == 0 and graphed.reason == "it prints"
 
 
 @pytest.mark.parametrize("device, replicas, env, expected", [
