@@ -371,6 +371,7 @@ class Session:
         if self._graphed is None:
             self._execute(self._forwards[0], buffers, 0)
         else:  # a CUDA graph per run (device.cuda_graphs): its outputs are in the graph's static buffers
+            self._host_in_sync = False  # as _execute says, which a replay does not run
             kinds = [isinstance(s, HostToDeviceStream) for s in self._streams]
             ran = dict(zip(self._streams, self._graphed.run(self._forwards[0], buffers, kinds)))
             self._progress[0] = self._built.steps
