@@ -24,15 +24,16 @@ from ipuxl.device.layout import needs_padding, paddable_attrs, padded_like
 from ipuxl.device.memory_plan import plan_memory
 from ipuxl.device.retarget import for_device
 from ipuxl.device.rewrites import apply_rewrites
-from ipuxl.ir.calls import call_nodes, callee_of, does_host_io
+from ipuxl.ir.calls import does_host_io
 from ipuxl.ir.graph import Graph, identifier
 from ipuxl.ir.ir import Ir
 from ipuxl.ir.lower import compiled_callee, lower_to_fx
+from ipuxl.ir.output_sharing import OutputSharing, call_sites
 from ipuxl.ir.meta import OP
 from ipuxl.ir.streams import Stream
 from ipuxl.kernels.workspace import Workspace
 
-__all__ = ["CompiledGraph", "Compiler", "count_call_sites", "replica_program"]
+__all__ = ["CompiledGraph", "Compiler", "replica_program"]
 
 
 class CompiledGraph(NamedTuple):
@@ -68,11 +69,19 @@ class Compiler:
         self.planned: dict[Graph, int] = {}
         """Every compiled graph: how many of its results the memory plan put in workspace buffers."""
         self._io_index = io_index
-        self._call_sites = count_call_sites(ir)
+        sites = call_sites(ir.graphs)
+        self._sharing = OutputSharing(sites)
+        self._call_sites = Counter({g: len(s) for g, s in sites.items()})
 
     def compile(self, graph: Graph, attrs: dict[str, torch.Tensor] | None = None) -> torch.fx.GraphModule:
-        """Lower ``graph`` (inlining graphs with one call site), run the rewrites, generate its code."""
-        root, code = lower_to_fx(graph, self.callee, attrs, inline=self.inlines, io_index=self._io_index)
+        """Lower ``graph`` (inlining graphs with one call site), run the rewrites, generate its code.
+
+        A called graph returns its outputs that share an input's storage without a copy
+        where every call site allows it (``ir.output_sharing``): a transposed weight or a
+        reshaped activation saved for the backward pass, read before anything writes the
+        storage again."""
+        root, code = lower_to_fx(graph, self.callee, attrs, inline=self.inlines, io_index=self._io_index,
+                                 sharing=self._sharing)
         for_device(code, self.device)  # traced on the host, run here (device.retarget)
         code, self.applied[graph] = apply_rewrites(code)
         self.planned[graph] = plan_memory(code, root, self.workspace, self.device)
@@ -140,8 +149,3 @@ def is_adam_step(graph: Graph) -> bool:
     outlined or built once for many weights (popxl.addons' ``AdamOptimizerStep``)."""
     return (not graph.outputs and not graph.called_graphs
             and any(node.meta.get(OP) == "adam_updater" for node in graph.fx.nodes))
-
-
-def count_call_sites(ir: Ir) -> Counter[Graph]:
-    """How many call/repeat nodes of the whole IR call each graph."""
-    return Counter(callee_of(node) for graph in ir.graphs for node in call_nodes(graph))

@@ -14,7 +14,9 @@ Used by the device to compile each graph once and by passes that trace a graph
    in place of its call instead, with the same input and output copying rules;
 3. make every ``get_attr`` (variables, constants) an attribute of the module;
 4. add the output node returning the graph's outputs as a tuple, copying outputs
-   that share storage with an input or constant (PopXL call outputs are new tensors).
+   that share storage with an input, a constant or another output (PopXL call outputs
+   are new tensors), except where no caller could tell (``ir.output_sharing``: nothing
+   writes that storage while the output is read; the device decides over all call sites).
 
 Host transfers (when the device gives ``io_index``, stream -> cursor position): a
 graph that loads or stores a stream, itself or through a callee, takes the run's
@@ -33,12 +35,13 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 import torch
 import torch.fx as fx
 
-from ipuxl.ir.aliases import is_view, storage_owner, writes, written_nodes
+from ipuxl.ir.aliases import written_nodes
 from ipuxl.ir.calls import (
     RepeatTarget, callee_of, does_host_io, is_call, is_host_transfer, is_repeat, repeat_count, run_repeat,
 )
 from ipuxl.ir.graph import identifier
 from ipuxl.ir.meta import BY_REF_ARGS, IO_GATE, STREAM
+from ipuxl.ir.output_sharing import OutputSharing, views_to_copy
 from ipuxl.kernels.host_io import gate_cursors
 
 if TYPE_CHECKING:
@@ -108,10 +111,13 @@ def lower_graph(graph: "Graph", callee_fn: CalleeFn, attrs: dict[str, torch.Tens
 
 def lower_to_fx(graph: "Graph", callee_fn: CalleeFn, attrs: dict[str, torch.Tensor] | None = None,
                 *, inline: Callable[["Graph"], bool] | None = None,
-                io_index: Mapping["Stream", int] | None = None) -> tuple[torch.nn.Module, fx.Graph]:
+                io_index: Mapping["Stream", int] | None = None,
+                sharing: OutputSharing | None = None) -> tuple[torch.nn.Module, fx.Graph]:
     """``lower_graph`` before code generation: the module holding the attributes and the
     fx graph, for passes that rewrite it before it becomes a GraphModule (code is then
-    generated once)."""
+    generated once). ``sharing``: which outputs stay aliases of inputs (the device's, over
+    all call sites, returns a graph's outputs that share an input's storage as they are
+    where every call site allows it); by default, decided from ``graph`` alone."""
     new = fx.Graph()
     root = torch.nn.Module()
     values = dict(graph.constant_data, **(attrs or {}))
@@ -121,7 +127,9 @@ def lower_to_fx(graph: "Graph", callee_fn: CalleeFn, attrs: dict[str, torch.Tens
         if io.does_io(graph):
             io.arg = new.placeholder(HOST_IO)
     env = _arguments(new, graph, io)
-    outputs = _copy_graph(new, root, graph, env, values, callee_fn, inline, prefix="", io=io)
+    sharing = sharing if sharing is not None else OutputSharing()
+    outputs = _copy_graph(new, root, graph, env, values, callee_fn, inline, sharing, prefix="",
+                          shared_outputs=sharing.everywhere(graph), io=io)
     new.output(tuple(outputs))
     return root, new
 
@@ -147,16 +155,17 @@ def _arguments(new: fx.Graph, graph: "Graph", io: _HostIO | None) -> dict[fx.Nod
 
 def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[fx.Node, fx.Node],
                 values: dict[str, torch.Tensor], callee_fn: CalleeFn, inline: Callable[["Graph"], bool] | None,
-                prefix: str, shared_outputs: frozenset[int] = frozenset(), io: _HostIO | None = None) -> list[fx.Node]:
+                sharing: OutputSharing, prefix: str, shared_outputs: frozenset[int] = frozenset(),
+                io: _HostIO | None = None) -> list[fx.Node]:
     """Copy ``graph``'s nodes into ``new`` (inputs already bound in ``env``); return its outputs.
 
-    Outputs whose storage is an input are copied (PopXL returns new tensors), except
-    those in ``shared_outputs``: the caller inlining this graph has checked that
-    nothing writes that storage while the output is still read. With ``io``, host
-    loads and store slots read the run's cursors (see the module docstring).
+    Outputs whose storage is an input's, a constant's or another output's are copied
+    (PopXL returns new tensors), except those in ``shared_outputs``: ``sharing`` found, at the call site inlining this graph
+    or at every call site of a graph compiled once, that no caller could tell them from
+    copies (``ir.output_sharing``). With ``io``, host loads and store slots read the run's
+    cursors (see the module docstring).
     """
-    written_views = _views_to_copy(graph)
-    write_positions = _write_positions(graph)
+    written_views = views_to_copy(graph)
     inlined: dict[fx.Node, list[fx.Node]] = {}
     for node in graph.fx.nodes:
         if node in env:  # an input bound by the caller of an inlined graph
@@ -177,9 +186,9 @@ def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[
         elif _inlinable(node, inline):
             called = callee_of(node)
             bound = dict(zip((t.node for t in called.inputs), _call_args(new, node, env)))
-            shared = _unwritten_outputs(graph, node, write_positions, written_views)
             inlined[node] = _copy_graph(new, root, called, bound, dict(called.constant_data), callee_fn, inline,
-                                        prefix=f"{prefix}{identifier(called.name)}__", shared_outputs=shared,
+                                        sharing, prefix=f"{prefix}{identifier(called.name)}__",
+                                        shared_outputs=sharing.at_site(graph, node),
                                         io=_callee_io(new, graph, node, env, io))
             continue
         elif is_call(node):
@@ -197,9 +206,10 @@ def _copy_graph(new: fx.Graph, root: torch.nn.Module, graph: "Graph", env: dict[
         if node in written_views:
             env[node] = new.call_function(torch.clone, (env[node],))
     outputs = []
+    copied_outputs = sharing.copy_candidates(graph) - shared_outputs
     for i, t in enumerate(graph.outputs):
         value = env[t.node]
-        if i not in shared_outputs and storage_owner(t.node, copied=written_views).op in ("placeholder", "get_attr"):
+        if i in copied_outputs:
             value = new.call_function(torch.clone, (value,))
         outputs.append(value)
     return outputs
@@ -222,62 +232,6 @@ def _callee_io(new: fx.Graph, graph: "Graph", node: fx.Node, env: dict, io: _Hos
 def _inlinable(node: fx.Node, inline: Callable[["Graph"], bool] | None) -> bool:
     """True for a plain call (not a repeat) of a graph the caller asks to inline."""
     return inline is not None and is_call(node) and not is_repeat(node) and inline(callee_of(node))
-
-
-def _write_positions(graph: "Graph") -> dict[fx.Node, list[int]]:
-    """Program positions of the in-place writes to each written storage root."""
-    positions: dict[fx.Node, list[int]] = {}
-    for i, node in enumerate(graph.fx.nodes):
-        for written in writes(node):
-            positions.setdefault(written, []).append(i)
-    return positions
-
-
-def _unwritten_outputs(graph: "Graph", call: fx.Node, write_positions: dict[fx.Node, list[int]],
-                       copied: set[fx.Node]) -> frozenset[int]:
-    """Outputs of an inlined ``call`` that may stay aliases of its inputs' storage.
-
-    Safe when the output is only read (not written, not viewed, not returned from
-    ``graph``) and no input's storage is written between the call and the output's
-    last read: then a copy would hold the same values. This keeps, for example, a
-    transposed weight saved for the backward pass from being copied every step.
-    """
-    order = {node: i for i, node in enumerate(graph.fx.nodes)}
-    returned = {t.node for t in graph.outputs}
-    roots = {storage_owner(a, copied=copied) for a in call.all_input_nodes}
-    start = order[call]
-    # the first write to any input's storage after the call (one pass, however many outputs)
-    first_write = min((w for r in roots for w in write_positions.get(r, ()) if w > start), default=None)
-    safe = set()
-    for user in call.users:
-        if user.target is not operator.getitem or user in returned or user in write_positions:
-            continue
-        if any(is_view(u) or u.target is operator.getitem for u in user.users):
-            continue
-        last_use = max((order[u] for u in user.users), default=order[user])
-        if first_write is None or first_write > last_use:
-            safe.add(cast(int, user.args[1]))
-    return frozenset(safe)
-
-
-def _views_to_copy(graph: "Graph") -> set[fx.Node]:
-    """View nodes that must become copies to keep PopXL's value semantics.
-
-    torch's reshape, slicing, transpose... return views where PopXL ops return new
-    tensors. A view must be copied when an in-place op writes through it, or when
-    its source is written after the view is made and before its last use.
-    """
-    order = {node: i for i, node in enumerate(graph.fx.nodes)}
-    write_positions = _write_positions(graph)
-    copied: set[fx.Node] = set()
-    for node in graph.fx.nodes:
-        if not is_view(node):
-            continue
-        root = storage_owner(node, copied=copied)
-        last_use = max((order[user] for user in node.users), default=-1)
-        if node in write_positions or any(order[node] < w <= last_use for w in write_positions.get(root, ())):
-            copied.add(node)
-    return copied
 
 
 def _call_args(new: fx.Graph, node: fx.Node, env: dict) -> list[fx.Node]:
