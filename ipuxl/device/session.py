@@ -49,7 +49,7 @@ from ipuxl.device.built import Built
 from ipuxl.device.cuda_graphs import GraphedRuns, enabled as cuda_graphs_enabled, host_reads
 from ipuxl.device.compiler import CompiledGraph, Compiler, replica_program
 from ipuxl.device.failures import StepFailure, step_error, transfer_in_progress
-from ipuxl.device.host_memory import keep_freed_memory
+from ipuxl.device.host_memory import keep_freed_memory, release_freed_memory
 from ipuxl.device.profile import Profile, labelled_programs, profile_runs
 from ipuxl.device.replica_plan import plan_replicas
 from ipuxl.device.replicas import Communicator, ensure_process_group, run_replicas
@@ -163,6 +163,7 @@ class Session:
         self._progress = [0] * len(self._plan.local)  # steps each local replica completed in the last run
         self._warned_short_transfers = False
         self._failed_run: IpuxlError | None = None  # the error of this session's last failed run, for __exit__
+        self._runs = 0
 
     # -- reports, profile, code ---------------------------------------------------------
     @property
@@ -360,6 +361,9 @@ class Session:
                 stopped.steps_applied = min(self._progress)
             self._failed_run = stopped
             raise
+        self._runs += 1
+        if self._runs == 1:  # what compiling and the first run's one-time work freed is not kept (device.host_memory)
+            release_freed_memory()
         return dict(zip(self._d2h, host_data.to_host(results, [self._full_shape(s.shape) for s in self._d2h])))
 
     def _run_one(self, data: Mapping[HostToDeviceStream, Any], downcast: bool) -> list[torch.Tensor]:
