@@ -153,23 +153,26 @@ def test_an_alias_returned_through_a_caller_is_checked_at_the_callers_sites():
     assert "torch.clone(" in _callee_code(session, inner)
 
 
+def _two_views_of_a_new_tensor(ir: ipuxl.Ir, w: ipuxl.Tensor):
+    """``view`` (``x.T``) and ``outer``: ``y = x * 2``, returning two calls of ``view`` on ``y``
+    (an outlined layer returning the same activation saved for two projections)."""
+    view = ir.create_graph(_transpose, w)
+
+    def outer_fn(x):
+        y = x * 2.0
+        return ops.call(view, y)[0], ops.call(view, y)[0]
+
+    return view, ir.create_graph(outer_fn, w)
+
+
 @pytest.mark.parametrize("writing_site", [None, 0, 1])
 def test_two_returned_aliases_of_one_new_tensor_are_copies_where_a_caller_writes_one(writing_site):
-    """outer makes ``y = x * 2`` and returns two calls' views of it (an outlined layer
-    returning the same activation saved for two projections); where a caller of outer
-    writes one, the other must keep the values outer computed."""
+    """``outer`` returns two views of one new tensor; where a caller of outer writes one,
+    the other must keep the values outer computed."""
     ir = ipuxl.Ir()
     with ir.main_graph:
         w = ipuxl.variable(W0, name="w")
-        view = ir.create_graph(_transpose, w)
-
-        def outer_fn(x):
-            y = x * 2.0
-            a, = ops.call(view, y)
-            b, = ops.call(view, y)
-            return a, b
-
-        outer = ir.create_graph(outer_fn, w)
+        view, outer = _two_views_of_a_new_tensor(ir, w)
         streams = []
         for site in range(2):
             a, b = ops.call(outer, w)
@@ -190,13 +193,7 @@ def test_aliases_sharing_one_new_tensor_stay_known_to_share_two_callers_up():
     ir = ipuxl.Ir()
     with ir.main_graph:
         w = ipuxl.variable(W0, name="w")
-        view = ir.create_graph(_transpose, w)
-
-        def outer_fn(x):
-            y = x * 2.0
-            return ops.call(view, y)[0], ops.call(view, y)[0]
-
-        outer = ir.create_graph(outer_fn, w)
+        _, outer = _two_views_of_a_new_tensor(ir, w)
 
         def mid_fn(x):
             return tuple(ops.call(outer, x))
