@@ -10,7 +10,8 @@ python3 -c "import torch, transformers, ipuxl; print('torch', torch.__version__,
 TESTS="${TESTS:-tests/device/test_cuda_graphs.py tests/device/test_retarget.py tests/kernels/test_attention.py tests/device/test_session.py \
   tests/kernels/test_var_updates.py tests/device/test_layout.py \
   tests/poptorch_compat/compile/test_memory_format.py tests/poptorch_compat/runtime/test_executor.py tests/ir/test_placement.py \
-  tests/device/test_ipus.py tests/addons_compat/transforms/test_pipelining.py tests/reference/test_popxl_pipelining.py}"
+  tests/device/test_ipus.py tests/addons_compat/transforms/test_pipelining.py tests/reference/test_popxl_pipelining.py \
+  tests/kernels/test_counter_random.py tests/poptorch_compat/runtime/test_weight_sync.py}"
 timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider --timeout 120 $TESTS > "$OUT/tests.log" 2>&1
 tail -25 "$OUT/tests.log"
 timeout "$BENCH_TIMEOUT" python3 benchmarks/bench_transformers.py --device cuda --repeats 5 --calls 4 ${BENCH_ARGS:-} 2>&1 \

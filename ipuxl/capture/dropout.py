@@ -159,6 +159,8 @@ class DropoutMode(TorchFunctionMode):
         if not training or p == 0.0:
             return x
         mask = 0.0 if p == 1.0 else torch.ops.ipuxl.dropout_mask(self.next_seed(), shape, p, x.dtype)
+        if isinstance(mask, torch.Tensor) and mask.device != x.device:
+            mask = mask.to(x.device)  # a replay's seed is on the CPU: the masks are the same on every device
         return x.mul_(mask) if bound.arguments.get("inplace") else x * mask
 
 
@@ -184,6 +186,8 @@ def _mask_shape(func: Callable, x: torch.Tensor) -> list[int]:
 class DropoutReplay:
     """Eager PyTorch with the masks and random draws a ``trainingModel`` makes, to compare the
     two step by step (``torch.rand``, ``Tensor.bernoulli_``... draw what the device draws).
+    Dropout masks are the device's whichever device either side runs on (``kernels.counter_random``);
+    torch's random functions are drawn on the CPU, so they match a model run on the CPU.
 
     Example:
         >>> replay = DropoutReplay(random_seed=42)

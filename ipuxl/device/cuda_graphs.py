@@ -19,7 +19,7 @@ The states, per session:
 What a graph cannot replay is refused, and that session runs as compiled from then on
 (``reason`` says why; logged at INFO). Before any capture, the compiled code is scanned
 (``host_reads``): kernels that read device values on the host by design (seeded random
-draws, prints, host callbacks, Streaming Memory, sampling and decoding kernels, a
+draws from torch's samplers, prints, host callbacks, Streaming Memory, sampling and decoding kernels, a
 conditional branch's host transfers) refuse it there, so a capture attempt never runs
 their Python side effects (a print of a value the capture has not computed). What the scan
 cannot see is refused at capture:
@@ -103,9 +103,8 @@ _HOST_READING_MODULES = frozenset(f"ipuxl.kernels.{m}" for m in (
 _HOST_READING_FUNCTIONS = frozenset({gate_cursors, debug.print_tensor})
 #: ipuxl custom ops that do (their implementations live in those modules)
 _HOST_READING_OPS = frozenset({
-    "print_tensor", "ipu_print_tensor", "host_callback", "fps", "ctc_beam_search_decoder", "random_uniform",
-    "random_normal", "dropout_mask", "modify_seed", "offset_seed", "random_fill", "random_integers",
-    "random_permutation", "random_sample"})
+    "print_tensor", "ipu_print_tensor", "host_callback", "fps", "ctc_beam_search_decoder", "random_fill",
+    "random_integers", "random_permutation", "random_sample"})
 
 
 def host_reads(modules: Iterable[torch.fx.GraphModule]) -> str | None:

@@ -1,21 +1,29 @@
 """Seeded random kernels and the ``torch.ops.ipuxl.*`` custom ops that wrap them.
 
 Randomness is a pure function of a seed tensor (two 32-bit words, shape ``(2,)``).
-The draws are torch custom ops (``ipuxl::random_uniform``, ``random_normal``,
-``dropout_mask``, ``modify_seed``, ``offset_seed``, and for torch's random functions
-in captured modules ``random_fill``, ``random_integers``, ``random_permutation``,
-``random_sample``: torch's own samplers run on a generator seeded from the seed
-tensor, so each draws from exactly torch's distribution) so that they trace with make_fx
-as single nodes; importing this module registers them. Each custom op calls a plain
-implementation (``*_impl``); the device calls those directly (``DIRECT_CALLS``),
-skipping the custom-op dispatch, which costs more than the draw itself for small
-tensors.
+The draws are torch custom ops, so that they trace with make_fx as single nodes;
+importing this module registers them:
+
+* PopXL's draws and the seed arithmetic (``ipuxl::random_uniform``, ``random_normal``,
+  ``dropout_mask``, ``modify_seed``, ``offset_seed``) are counter-based
+  (``counter_random``): the same numbers on every device; numpy on the CPU, tensor ops on
+  the seed's device elsewhere, with no host read (a CUDA graph replays them).
+* Torch's random functions in captured modules (``random_fill``, ``random_integers``,
+  ``random_permutation``, ``random_sample``) run torch's own samplers on a generator
+  seeded from the seed tensor on the host, so each draws from exactly torch's
+  distribution (and, like torch's, from a device's own generator: CPU and CUDA differ).
+
+Each custom op calls a plain implementation (``*_impl``); the device calls those
+directly (``DIRECT_CALLS``), skipping the custom-op dispatch, which costs more than the
+draw itself for small tensors.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
 import torch
+
+from ipuxl.kernels import counter_random
 
 __all__ = [
     "random_uniform_impl", "random_normal_impl", "dropout_mask_impl", "modify_seed_impl", "offset_seed_impl",
@@ -32,24 +40,13 @@ def _generator(seed: torch.Tensor) -> torch.Generator:
 
 
 # -- the plain implementations ---------------------------------------------------------------
-def random_uniform_impl(seed: torch.Tensor, shape: list[int], low: float, high: float,
-                        dtype: torch.dtype) -> torch.Tensor:
-    """Uniform samples in ``[low, high)`` drawn from ``seed``."""
-    out = torch.rand(shape, generator=_generator(seed), device=seed.device)
-    return (out * (high - low) + low).to(dtype)
-
-
-def random_normal_impl(seed: torch.Tensor, shape: list[int], mean: float, std: float,
-                       dtype: torch.dtype) -> torch.Tensor:
-    """Normal samples with ``mean`` and ``std`` drawn from ``seed``."""
-    out = torch.randn(shape, generator=_generator(seed), device=seed.device)
-    return (out * std + mean).to(dtype)
-
-
-def dropout_mask_impl(seed: torch.Tensor, shape: list[int], p: float, dtype: torch.dtype) -> torch.Tensor:
-    """``keep / (1 - p)`` where each element is kept with probability ``1 - p``."""
-    keep = torch.rand(shape, generator=_generator(seed), device=seed.device) >= p
-    return keep.to(dtype) / (1.0 - p)
+# PopXL's draws and the seed arithmetic are counter-based (``counter_random``): the same numbers
+# on every device, no host read off the CPU. Torch's samplers below draw from a generator seeded on the host.
+random_uniform_impl = counter_random.uniform
+random_normal_impl = counter_random.normal
+dropout_mask_impl = counter_random.dropout_mask
+modify_seed_impl = counter_random.modify_seed
+offset_seed_impl = counter_random.offset_seed
 
 
 #: the in-place samplers ``random_fill`` runs (``Tensor.<kind>_(*args)``)
@@ -95,30 +92,6 @@ SAMPLE_KINDS: dict[str, Callable[..., torch.Tensor]] = {
 def random_sample_impl(seed: torch.Tensor, kind: str, inputs: list[torch.Tensor], args: list[float]) -> torch.Tensor:
     """Torch's sampler ``kind`` on ``inputs`` (probabilities, rates...) drawing from ``seed``."""
     return _sample(kind, inputs, args, _generator(seed))
-
-
-_MIX_SEED, _MIX_MODIFIER = 0x9E3779B1, 0x85EBCA77
-_STEP = (_MIX_MODIFIER * pow(_MIX_SEED, -1, 2**32)) & 0xFFFFFFFF  # see offset_seed_impl
-
-
-def modify_seed_impl(seed: torch.Tensor, modifier: int) -> torch.Tensor:
-    """A new seed from ``seed`` and ``modifier``: word 0 kept, word 1 mixed (mod 2**32)."""
-    w0, w1 = (int(v) for v in seed.tolist())
-    mixed = (w1 * _MIX_SEED + modifier * _MIX_MODIFIER + w0) & 0xFFFFFFFF
-    return torch.tensor([w0, mixed], dtype=seed.dtype, device=seed.device)
-
-
-def offset_seed_impl(seed: torch.Tensor, offset: int) -> torch.Tensor:
-    """The seed ``s`` with ``modify_seed(s, j) == modify_seed(seed, offset + j)`` for every j.
-
-    ``modify_seed`` is linear in its modifier mod 2**32 and its seed multiplier is odd
-    (invertible), so adding ``offset * modifier / multiplier`` to word 1 shifts the
-    modifier. An outlined block module uses it: its graph numbers its own dropouts
-    1, 2... and gets the seed shifted by the dropouts that ran before the call, so
-    its masks are those the inlined module would draw.
-    """
-    w0, w1 = (int(v) for v in seed.tolist())
-    return torch.tensor([w0, (w1 + offset * _STEP) & 0xFFFFFFFF], dtype=seed.dtype, device=seed.device)
 
 
 # -- the custom ops ----------------------------------------------------------------------------

@@ -184,22 +184,26 @@ def _compiled_modules(session):
     return [session.programs[0], *(c.module for g in session.ir.graphs if (c := session.compiled_graph(g)))]
 
 
+class Dropping(nn.Module):
+    """Dropout, or a draw of ``torch.rand`` (torch's sampler, seeded on the host), in a step."""
+
+    def __init__(self, draw: str = "dropout"):
+        super().__init__()
+        self.fc, self.draw = nn.Linear(4, 3), draw
+
+    def forward(self, x, y):
+        out = self.fc(x)
+        out = torch.nn.functional.dropout(out, 0.5) if self.draw == "dropout" else out * torch.rand(out.shape)
+        return out, torch.nn.functional.cross_entropy(out, y)
+
+
 def test_programs_that_read_on_the_host_by_design_are_never_captured():
     """The scan runs before any capture: a failed capture would run their Python side effects."""
-    class Dropping(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(4, 3)
-
-        def forward(self, x, y):
-            out = torch.nn.functional.dropout(self.fc(x), 0.5, training=True)
-            return out, torch.nn.functional.cross_entropy(out, y)
-
-    model = Dropping()
+    model = Dropping("rand")
     ipu = ipuxl.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     ipu(torch.randn(4, 4), torch.randint(0, 3, (4,)))
     reason = host_reads(_compiled_modules(ipu.session))
-    assert reason is not None and "reads on the host" in reason and "random" in reason, reason
+    assert reason is not None and "reads on the host" in reason and "random_fill" in reason, reason
 
     ir = ipuxl.Ir()
     with ir.main_graph:
@@ -212,6 +216,20 @@ def test_programs_that_read_on_the_host_by_design_are_never_captured():
     ir, *_ = _accumulator(2)
     with ipuxl.Session(ir, "cpu") as session:
         assert host_reads(_compiled_modules(session)) is None
+
+
+def test_dropout_programs_draw_on_the_device():
+    """Dropout masks and the seed's updates are counter-based tensor ops: nothing in the step reads
+    the seed on the host or draws from a torch.Generator, so the scan lets a capture try (on CPU,
+    ``_DeviceOnly`` would refuse a host read or an own generator as a capture does)."""
+    model = Dropping("dropout")
+    ipu = ipuxl.trainingModel(model, ipuxl.Options().deviceIterations(2),
+                              optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    ipu(x, y)
+    assert host_reads(_compiled_modules(ipu.session)) is None
+    with _DeviceOnly("cpu"):
+        ipu(x, y)
 
 
 def test_a_refused_program_runs_as_compiled():
@@ -383,3 +401,39 @@ def test_cuda_host_transfers_in_a_conditional_branch_cannot_be_captured(monkeypa
                 assert session.cuda_graphs.reason is not None and session.cuda_graphs.replays == 0
     for g, e in zip(results["ipu_hw"], results["cpu"]):
         assert_close(g, e)
+
+
+@cuda
+def test_cuda_dropout_training_is_graphed_and_replays_the_cpu_masks(monkeypatch):
+    """Counter-based masks: the graphed CUDA run drops what ``DropoutReplay`` drops in eager
+    PyTorch on the CPU, call after call (the seed variable advancing inside the graph)."""
+    from ipuxl.poptorch_compat import DropoutReplay
+
+    class DropMLP(MLP):
+        def forward(self, x, y):
+            out = self.fc2(torch.nn.functional.dropout(torch.nn.functional.gelu(self.fc1(x)), 0.3))
+            return out, self.loss(out, y)
+
+    torch.manual_seed(0)
+    base = DropMLP()
+    calls = _calls(5, 3)
+    monkeypatch.setenv("IPUXL_CUDA_GRAPHS", "1")
+    model = copy.deepcopy(base)
+    ipu = ipuxl.trainingModel(model, ipuxl.Options().deviceIterations(3).randomSeed(9),
+                              optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    for x, y in calls:
+        ipu(x, y)
+    ipu.copyWeightsToHost()
+    runs = ipu.session.cuda_graphs
+    assert runs is not None and runs.reason is None and runs.replays >= 2, (runs and runs.reason)
+    for device in ("cpu", "cuda"):  # the eager side on either device replays the same masks
+        eager, replay = copy.deepcopy(base).to(device), DropoutReplay(9)
+        opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+        for x, y in calls:
+            for xs, ys in zip(x.to(device).split(4), y.to(device).split(4)):
+                opt.zero_grad()
+                with replay.step():
+                    eager(xs, ys)[1].backward()
+                opt.step()
+        for name, p in eager.named_parameters():
+            assert_close(dict(model.named_parameters())[name].detach().cpu(), p.detach().cpu(), rtol=1e-4, atol=1e-5)
