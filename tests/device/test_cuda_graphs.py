@@ -219,9 +219,12 @@ def test_programs_that_read_on_the_host_by_design_are_never_captured():
 
 
 def test_dropout_programs_draw_on_the_device():
-    """Dropout masks and the seed's updates are counter-based tensor ops: nothing in the step reads
-    the seed on the host or draws from a torch.Generator, so the scan lets a capture try (on CPU,
-    ``_DeviceOnly`` would refuse a host read or an own generator as a capture does)."""
+    """Dropout masks and the seed's updates are counter-based: the scan finds no host-reading
+    kernel in the step, so a CUDA session tries a capture (off the CPU they are tensor ops on the
+    seed's device, checked against the CPU's numpy path in ``tests/kernels/test_counter_random.py``;
+    the CPU's path reads the seed words on the host, where they are), and the step draws from no
+    ``torch.Generator`` (``_DeviceOnly`` refuses one, as a capture does; the generator-seeded masks
+    before this were refused here)."""
     model = Dropping("dropout")
     ipu = ipuxl.trainingModel(model, ipuxl.Options().deviceIterations(2),
                               optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
