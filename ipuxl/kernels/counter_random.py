@@ -23,10 +23,13 @@ Python ints (its values are on the host already) and the hash in numpy ``uint32`
 op costs a small draw less than a torch op; a large one is memory-bound either way); on
 any other device everything is int32 torch ops on the seed's device (two's-complement
 wrapping, as every torch backend does; ``>>`` made logical by masking), with no host read.
+On CUDA, where Triton imports, a draw and a seed update are one kernel launch each instead of
+those ops (``counter_random_triton``: the same integers; 52 kernels a dropout with its seed before).
 """
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -91,6 +94,15 @@ def bits(seed: torch.Tensor, numel: int) -> torch.Tensor:
     return _torch_words(k1, k2, numel, seed.device)
 
 
+def _gpu(seed: torch.Tensor, dtype: torch.dtype | None = None) -> Any:
+    """``counter_random_triton`` where its kernels take this seed (and output dtype), else None
+    (imported on the first CUDA seed only)."""
+    if seed.device.type != "cuda":
+        return None
+    from ipuxl.kernels import counter_random_triton
+    return counter_random_triton if counter_random_triton.usable(seed, dtype) else None
+
+
 def _checked(seed: torch.Tensor, numel: int) -> torch.Tensor:
     if numel >= 2**31:
         raise ValueError(f"a seeded draw of {numel} elements: at most 2**31 - 1 are supported")
@@ -141,6 +153,8 @@ def _unit(seed: torch.Tensor, numel: int) -> torch.Tensor:
 
 def uniform(seed: torch.Tensor, shape: list[int], low: float, high: float, dtype: torch.dtype) -> torch.Tensor:
     """Uniform samples in ``[low, high)`` (float32 arithmetic, then ``dtype``)."""
+    if gpu := _gpu(seed, dtype):
+        return gpu.uniform(_checked(seed, math.prod(shape)), shape, low, high, dtype)
     unit = _unit(seed, math.prod(shape))
     return unit.mul_(high - low).add_(low).to(dtype).reshape(shape)
 
@@ -155,6 +169,8 @@ def dropout_mask(seed: torch.Tensor, shape: list[int], p: float, dtype: torch.dt
         mask = ((_numpy_words(int(k1), int(k2), numel) ^ _U32(1 << 31)) >= _U32(least << 8)).astype(np.float32)
         mask /= np.float32(1.0 - p)
         return torch.from_numpy(mask).reshape(shape)
+    if least < 2**24 and (gpu := _gpu(seed, dtype)):
+        return gpu.dropout_mask(_checked(seed, numel), shape, p, dtype)
     keep = _draws24(seed, numel) >= least
     return keep.to(dtype).div_(1.0 - p).reshape(shape)
 
@@ -162,6 +178,8 @@ def dropout_mask(seed: torch.Tensor, shape: list[int], p: float, dtype: torch.dt
 def normal(seed: torch.Tensor, shape: list[int], mean: float, std: float, dtype: torch.dtype) -> torch.Tensor:
     """Normal samples (Box-Muller on two uniform draws per element, float32)."""
     n = math.prod(shape)
+    if gpu := _gpu(seed, dtype):
+        return gpu.normal(_checked(seed, 2 * n), shape, mean, std, dtype)
     unit = _unit(seed, 2 * n)
     radius = unit[:n].neg_().add_(1.0).log_().mul_(-2.0).sqrt_()  # 1 - u in (0, 1]: log is finite
     angle = unit[n:].mul_(2.0 * math.pi)
@@ -174,7 +192,9 @@ def modify_seed(seed: torch.Tensor, modifier: int) -> torch.Tensor:
     added = modifier * _MIX_MODIFIER & _MASK32
     if seed.device.type == "cpu":
         w0, w1 = (int(v) for v in seed.tolist())
-        return torch.tensor([w0, (w1 * _MIX_SEED + added + w0) & _MASK32], dtype=seed.dtype)
+        return torch.tensor([w0, (w1 * _MIX_SEED + added + w0) & _MASK32]).to(seed.dtype)  # int32: wraps
+    if gpu := _gpu(seed):
+        return gpu.seed_affine(seed, _MIX_SEED, added, with_w0=True)
     return _device_modify(seed, added)
 
 
@@ -199,7 +219,9 @@ def offset_seed(seed: torch.Tensor, offset: int) -> torch.Tensor:
     added = offset * _STEP & _MASK32
     if seed.device.type == "cpu":
         w0, w1 = (int(v) for v in seed.tolist())
-        return torch.tensor([w0, (w1 + added) & _MASK32], dtype=seed.dtype)
+        return torch.tensor([w0, (w1 + added) & _MASK32]).to(seed.dtype)
+    if gpu := _gpu(seed):
+        return gpu.seed_affine(seed, 1, added, with_w0=False)
     return _device_offset(seed, added)
 
 

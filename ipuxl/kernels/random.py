@@ -7,7 +7,8 @@ importing this module registers them:
 * PopXL's draws and the seed arithmetic (``ipuxl::random_uniform``, ``random_normal``,
   ``dropout_mask``, ``modify_seed``, ``offset_seed``) are counter-based
   (``counter_random``): the same numbers on every device; numpy on the CPU, tensor ops on
-  the seed's device elsewhere, with no host read (a CUDA graph replays them).
+  the seed's device elsewhere (on CUDA one Triton kernel each, ``counter_random_triton``),
+  with no host read (a CUDA graph replays them).
 * Torch's random functions in captured modules (``random_fill``, ``random_integers``,
   ``random_permutation``, ``random_sample``) run torch's own samplers on a generator
   seeded from the seed tensor on the host, so each draws from exactly torch's

@@ -91,6 +91,18 @@ def test_modify_seed_is_the_reference_mix(words, modifier):
     assert cr._device_modify(_seed(words), added).tolist() == _reference_modify(*words, modifier)
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint32])
+def test_seed_arithmetic_keeps_32_bit_seed_dtypes(dtype):
+    """A 32-bit seed's new word wraps into its dtype (int32: the same bits, negative past 2**31)."""
+    words = (0xFFFFFFF9, 5)
+    seed = torch.tensor([cr._signed(w) for w in words] if dtype == torch.int32 else words, dtype=dtype)
+    for modifier in range(4):
+        got = cr.modify_seed(seed, modifier)
+        assert got.dtype == dtype and [v & 0xFFFFFFFF for v in got.tolist()] == _reference_modify(*words, modifier)
+        assert torch.equal(got, cr._device_modify(seed, modifier * 0x85EBCA77 & 0xFFFFFFFF))
+    assert torch.equal(cr.offset_seed(seed, 3), cr._device_offset(seed, 3 * cr._STEP & 0xFFFFFFFF))
+
+
 @pytest.mark.parametrize("words", SEEDS)
 def test_offset_seed_shifts_the_modifier(words):
     for offset in (1, 3, 1000):
