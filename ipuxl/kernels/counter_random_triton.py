@@ -11,9 +11,9 @@ are bit for bit the CPU's, normal draws up to ``log``/``cos``/``sqrt`` rounding.
 
 Used for CUDA seeds when Triton imports (it ships with torch's CUDA wheels) and a first
 probe draw on the device compiles and runs (Triton builds its launcher with the host's C
-compiler), unless ``IPUXL_TRITON=0``; anything else keeps ``counter_random``'s torch ops. ``interpreted()``
-gives the same kernels under Triton's interpreter, which runs them on CPU tensors: that is
-how ``tests/kernels/test_counter_random_triton.py`` checks them on a machine with no GPU.
+compiler), unless ``IPUXL_TRITON=0``; anything else keeps ``counter_random``'s torch ops.
+``interpreted()`` gives the same kernels under Triton's interpreter, which runs them on CPU
+tensors: that is how ``tests/kernels/test_counter_random_triton.py`` checks them with no GPU.
 """
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from ipuxl.kernels.counter_random import _signed
+
 try:
     import triton
     import triton.language as tl
@@ -39,11 +41,6 @@ _BLOCK = 1024
 _MODES = {"dropout": 0, "uniform": 1, "normal": 2}
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _SEEDS = (torch.int32, torch.int64, torch.uint32)
-
-
-def _signed(value: int) -> int:
-    value &= 0xFFFFFFFF
-    return value - 2**32 if value >= 2**31 else value
 
 
 if triton is not None:
