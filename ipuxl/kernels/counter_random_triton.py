@@ -27,8 +27,6 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ipuxl.kernels.counter_random import _signed
-
 try:
     import triton
     import triton.language as tl
@@ -41,6 +39,12 @@ _BLOCK = 1024
 _MODES = {"dropout": 0, "uniform": 1, "normal": 2}
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _SEEDS = (torch.int32, torch.int64, torch.uint32)
+
+
+def _signed(value: int) -> int:
+    """A 32-bit word as an int32 value (a Triton ``i32`` argument)."""
+    value &= 0xFFFFFFFF
+    return value - 2**32 if value >= 2**31 else value
 
 
 if triton is not None:
