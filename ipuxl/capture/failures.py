@@ -18,6 +18,7 @@
 """
 from __future__ import annotations
 
+import linecache
 import re
 
 from typing import Any, Callable, cast
@@ -67,6 +68,36 @@ def eager_error(func: Callable, args: tuple, kwargs: dict, failure: Exception) -
     return None
 
 
+# torch's messages for an autograd.Function under the capture's functorch transforms
+_CUSTOM_FUNCTION = ("Functionalize rule for custom_function_call", "must override the setup_context staticmethod")
+
+
+def _custom_function(exc: BaseException) -> tuple[str] | None:
+    """``(name,)`` of the ``torch.autograd.Function`` whose ``apply`` raised ``exc`` (a capture
+    cannot run one): the class an ``X.apply(`` on the raising line names, or "a custom
+    autograd.Function" when the line names none; None for other errors."""
+    if not any(k in str(exc) for k in _CUSTOM_FUNCTION):
+        return None
+    tb, caller = exc.__traceback__, None
+    while tb is not None:  # the innermost user frame: the one that called ``apply``
+        if is_user_file(tb.tb_frame.f_code.co_filename):
+            caller = tb
+        tb = tb.tb_next
+    if caller is not None:
+        frame = caller.tb_frame
+        for dotted in _APPLY.findall(linecache.getline(frame.f_code.co_filename, caller.tb_lineno)):
+            head, *rest = dotted.split(".")
+            found = frame.f_locals.get(head, frame.f_globals.get(head))
+            for attribute in rest:
+                found = getattr(found, attribute, None)
+            if isinstance(found, type) and issubclass(found, torch.autograd.Function):
+                return (f"the custom autograd.Function {found.__module__}.{found.__qualname__}",)
+    return ("a custom autograd.Function",)
+
+
+_APPLY = re.compile(r"([A-Za-z_][\w.]*)\.apply\s*\(")
+
+
 def _is_data_dependent(exc: Exception) -> bool:
     return any(k in f"{type(exc).__name__} {exc}" for k in DATA_DEPENDENT)
 
@@ -75,6 +106,16 @@ def trace_error(module_name: str, exc: Exception) -> TraceError:
     """The ``TraceError`` for ``exc``, raised while tracing module ``module_name`` (see the
     module docstring); raise it ``from exc``."""
     message = str(exc).strip()
+    function = _custom_function(exc)
+    if function is not None:
+        return TraceError(
+            f"cannot capture module {module_name}: it calls {function[0]}, whose own backward a capture "
+            "cannot keep (ipuxl differentiates the traced forward's ops; torch's functional transforms "
+            "refuse the Function)",
+            where=traceback_source_line(exc.__traceback__),
+            fix="write its forward with torch ops and give the gradient you want with detach: a straight-through "
+                "x + (torch.round(x) - x).detach(), a scaled one g * x + ((1 - g) * x).detach(); when the "
+                "backward is the forward's true derivative, call the forward's ops without the Function")
     if _is_data_dependent(exc):
         message = message.splitlines()[0] if message else ""
         fix = _library_fix(exc) or (

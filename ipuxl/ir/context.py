@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 from ipuxl.errors import GraphContextError, InvalidArgumentError
-from ipuxl.source import SKIP_PREFIXES, STDLIB_DIR, user_source_line
+from ipuxl.source import is_user_file, user_source_line
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
@@ -146,8 +145,7 @@ def traceback_source_line(tb: Any) -> str | None:
     exception raised while tracing a user's module: the line of their ``forward``)."""
     found = None
     while tb is not None:
-        filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
-        if not filename.startswith(SKIP_PREFIXES) and not filename.startswith(STDLIB_DIR):
+        if is_user_file(tb.tb_frame.f_code.co_filename):  # installed libraries' files count (transformers)
             found = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno} in {tb.tb_frame.f_code.co_name}"
         tb = tb.tb_next
     return found
