@@ -72,27 +72,26 @@ def eager_error(func: Callable, args: tuple, kwargs: dict, failure: Exception) -
 _CUSTOM_FUNCTION = ("Functionalize rule for custom_function_call", "must override the setup_context staticmethod")
 
 
-def _custom_function(exc: BaseException) -> tuple[str] | None:
-    """``(name,)`` of the ``torch.autograd.Function`` whose ``apply`` raised ``exc`` (a capture
-    cannot run one): the class an ``X.apply(`` on the raising line names, or "a custom
-    autograd.Function" when the line names none; None for other errors."""
+def _custom_function(exc: BaseException) -> type | None | bool:
+    """The ``torch.autograd.Function`` whose ``apply`` raised ``exc`` (functorch cannot run it):
+    the class an ``X.apply(`` names on the innermost line of the traceback that has one; True
+    when no line names it; False for other errors."""
     if not any(k in str(exc) for k in _CUSTOM_FUNCTION):
-        return None
-    tb, caller = exc.__traceback__, None
-    while tb is not None:  # the innermost user frame: the one that called ``apply``
-        if is_user_file(tb.tb_frame.f_code.co_filename):
-            caller = tb
+        return False
+    tb, frames = exc.__traceback__, []
+    while tb is not None:
+        frames.append(tb)
         tb = tb.tb_next
-    if caller is not None:
-        frame = caller.tb_frame
-        for dotted in _APPLY.findall(linecache.getline(frame.f_code.co_filename, caller.tb_lineno)):
+    for tb in reversed(frames):  # ``apply`` runs in C: the frames are its callers'
+        frame = tb.tb_frame
+        for dotted in _APPLY.findall(linecache.getline(frame.f_code.co_filename, tb.tb_lineno)):
             head, *rest = dotted.split(".")
             found = frame.f_locals.get(head, frame.f_globals.get(head))
             for attribute in rest:
                 found = getattr(found, attribute, None)
             if isinstance(found, type) and issubclass(found, torch.autograd.Function):
-                return (f"the custom autograd.Function {found.__module__}.{found.__qualname__}",)
-    return ("a custom autograd.Function",)
+                return found
+    return True
 
 
 _APPLY = re.compile(r"([A-Za-z_][\w.]*)\.apply\s*\(")
@@ -107,15 +106,18 @@ def trace_error(module_name: str, exc: Exception) -> TraceError:
     module docstring); raise it ``from exc``."""
     message = str(exc).strip()
     function = _custom_function(exc)
-    if function is not None:
+    if function is not False:
+        name = (f"{function.__module__}.{function.__qualname__}" if isinstance(function, type)
+                else "an autograd.Function")
+        checkpoint = name == "torch.utils.checkpoint.CheckpointFunction"
         return TraceError(
-            f"cannot capture module {module_name}: it calls {function[0]}, whose own backward a capture "
-            "cannot keep (ipuxl differentiates the traced forward's ops; torch's functional transforms "
-            "refuse the Function)",
-            where=traceback_source_line(exc.__traceback__),
-            fix="write its forward with torch ops and give the gradient you want with detach: a straight-through "
-                "x + (torch.round(x) - x).detach(), a scaled one g * x + ((1 - g) * x).detach(); when the "
-                "backward is the forward's true derivative, call the forward's ops without the Function")
+            f"cannot capture module {module_name}: it calls {name}, which torch's functional transforms (a "
+            "capture runs under them) cannot run; the autograd.Functions a model defines run with their own "
+            "backward, torch's and ipuxl's do not", where=traceback_source_line(exc.__traceback__),
+            fix=("call torch.utils.checkpoint.checkpoint with use_reentrant=False (Hugging Face: "
+                 "gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False}))"
+                 if checkpoint else "call its forward's ops instead, or define the Function in your own "
+                 "module (its backward is then kept)"))
     if _is_data_dependent(exc):
         message = message.splitlines()[0] if message else ""
         fix = _library_fix(exc) or (

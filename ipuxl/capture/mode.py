@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 
 from ipuxl.capture.compiling import compiling_state
+from ipuxl.capture.custom_functions import intercepting_functions
 from ipuxl.capture.constants import OutsideTensors
 from ipuxl.capture.dropout import ATTENTION_ARGS, ATTENTION_DEFAULTS, DropoutMode
 from ipuxl.capture.failures import eager_error
@@ -220,7 +221,7 @@ def capturing(mode: CaptureMode) -> Iterator[CaptureMode]:
     asking ``torch.compiler.is_compiling()`` meanwhile hears True (``capture.compiling``)."""
     _state.mode = mode
     try:
-        with mode, compiling_state():
+        with mode, compiling_state(), intercepting_functions():
             yield mode
     finally:
         _state.mode = None

@@ -42,6 +42,7 @@ from ipuxl.capture.blocks import (
     Blocks, Candidates, NeedBlock, OutlinedBlock, discover_blocks, outline_block, outline_candidates, outlined_blocks,
     used_blocks,
 )
+from ipuxl.capture.custom_functions import route_custom_functions
 from ipuxl.capture.dropout import SEED_DTYPE, SEED_SHAPE, random_op
 from ipuxl.capture.failures import refuse_data_dependent, trace_error
 from ipuxl.capture.random_ops import unseeded_op_error
@@ -293,9 +294,10 @@ def _make_fx(fn: Callable[..., list[torch.Tensor]], module: torch.nn.Module, *ex
     module become constants: ``capture.constants``)."""
     try:
         with _quiet_fake_tensors(), _use_lazy_graph_module(True):  # its code is generated only if run
-            return make_fx(torch.func.functionalize(fn, remove="mutations"), tracing_mode="fake",
-                           decomposition_table=_DECOMPOSITIONS,
-                           _allow_non_fake_inputs=True)(*example)
+            gm = make_fx(torch.func.functionalize(fn, remove="mutations"), tracing_mode="fake",
+                         decomposition_table=_DECOMPOSITIONS, _allow_non_fake_inputs=True)(*example)
+            route_custom_functions(gm)
+            return gm
     except (TraceError, NeedBlock):
         raise
     except Exception as exc:  # torch raises many kinds while tracing; all mean "cannot capture this"

@@ -1,6 +1,6 @@
 """Library code written for torch.compile / torch.export captures and trains as eager does.
 
-Hugging Face models (BERT, GPT-2, T5, ViT, Llama) built from configs (nothing is
+Hugging Face models (BERT, GPT-2, T5, ViT, Llama, BLOOM) built from configs (nothing is
 downloaded) and ``nn.Transformer`` train through ``trainingModel`` with AdamW, with and
 without attention masks; weights after several steps must equal eager PyTorch's.
 """
@@ -106,6 +106,15 @@ def test_vit_image_classification():
                                     attention_probs_dropout_prob=0.0)
     batch = dict(pixel_values=torch.randn(2, 3, 16, 16), labels=torch.tensor([1, 4]))
     _train_like_eager(transformers.ViTForImageClassification(config), batch)
+
+
+def test_bloom_causal_lm_with_its_own_autograd_function():
+    """BLOOM's MLP applies GeLUFunction (an old-style autograd.Function) while training: its own
+    backward gives the gradient, as eagerly (``capture.custom_functions``)."""
+    config = transformers.BloomConfig(hidden_size=32, n_layer=2, n_head=4, vocab_size=100, hidden_dropout=0.0,
+                                      attention_dropout=0.0)
+    _train_like_eager(transformers.BloomForCausalLM(config),
+                      dict(input_ids=_ids(), attention_mask=_padding_mask(), labels=_ids()))
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "padding-mask"])
@@ -216,83 +225,6 @@ def test_a_constant_written_from_an_input_is_no_longer_known():
 
     with pytest.raises(TraceError, match="tensor values are not known"):
         poptorch.inferenceModel(Writes())(torch.ones(3))
-
-
-class _RoundSTE(torch.autograd.Function):
-    """Rounding with a straight-through gradient (the old style: ``ctx`` in ``forward``)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return torch.round(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad
-
-
-class _ScaledGrad(torch.autograd.Function):
-    """The identity with a halved gradient (the new style: ``setup_context``)."""
-
-    @staticmethod
-    def forward(x):
-        return x.clone()
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * 0.5
-
-
-class _Quantised(torch.nn.Module):
-    """Applies an autograd.Function, or a rewrite of it in torch ops."""
-
-    def __init__(self, function=None, rewrite=None):
-        super().__init__()
-        self.lin = torch.nn.Linear(4, 3)
-        self.function, self.rewrite = function, rewrite
-
-    def forward(self, x, y):
-        h = self.lin(x) * 4
-        out = (self.function.apply(h) if self.function is not None else self.rewrite(h)) / 4
-        return out, torch.nn.functional.mse_loss(out, y)
-
-
-@pytest.mark.parametrize("function", [_RoundSTE, _ScaledGrad], ids=["old-style", "setup_context"])
-def test_a_custom_autograd_function_is_refused_with_the_class_and_a_rewrite(function):
-    """A capture cannot keep a Function's own backward: the error names the class and the line
-    that applies it, and the fix's detach form, which captures, trains as the Function does
-    eagerly (the eager model keeps the Function)."""
-    model = _Quantised(function)
-    with pytest.raises(TraceError, match=f"custom autograd.Function {__name__}.{function.__qualname__}") as info:
-        poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))(
-            torch.randn(5, 4), torch.randn(5, 3))
-    assert "test_compiling.py" in info.value.where and "in forward" in info.value.where
-    assert "detach()" in info.value.fix
-    indirect = _Quantised(rewrite=function.apply)  # no "X.apply(" on the line: the class is not named
-    with pytest.raises(TraceError, match="it calls a custom autograd.Function, whose own backward"):
-        poptorch.trainingModel(indirect, optimizer=torch.optim.SGD(indirect.parameters(), lr=0.1))(
-            torch.randn(5, 4), torch.randn(5, 3))
-
-    rewritten = {_RoundSTE: lambda x: x + (torch.round(x) - x).detach(),
-                 _ScaledGrad: lambda x: 0.5 * x + (0.5 * x).detach()}[function]
-    torch.manual_seed(0)
-    eager = _Quantised(function)
-    captured = _Quantised(rewrite=rewritten)
-    captured.load_state_dict(eager.state_dict())
-    ipu = poptorch.trainingModel(captured, optimizer=torch.optim.SGD(captured.parameters(), lr=0.1))
-    optimiser = torch.optim.SGD(eager.parameters(), lr=0.1)
-    x, y = torch.randn(5, 4, generator=torch.Generator().manual_seed(2)), torch.randn(5, 3)
-    for _ in range(STEPS):
-        ipu(x, y)
-        optimiser.zero_grad()
-        eager(x, y)[1].backward()
-        optimiser.step()
-    ipu.copyWeightsToHost()
-    for p, q in zip(captured.parameters(), eager.parameters()):
-        torch.testing.assert_close(p, q)
 
 
 def test_an_error_inside_an_installed_library_names_the_librarys_line():

@@ -1,0 +1,229 @@
+"""A model's own ``torch.autograd.Function``s train through ``trainingModel`` with their own
+backward, as eagerly: old style (``forward(ctx, ...)``) and new style (``setup_context``), saved
+tensors and attributes, several and non-tensor outputs, unused and non-differentiable outputs,
+a Function applied in several places; ``mark_dirty`` and torch's reentrant checkpoint are
+refused with what to do instead."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+import ipuxl.poptorch_compat as poptorch
+from ipuxl.errors import AutodiffError, TraceError
+
+STEPS = 3
+
+
+class RoundSTE(torch.autograd.Function):
+    """Old style: rounds; the gradient is a straight-through one, scaled by an attribute and
+    gated by a saved input (zero outside [-limit, limit])."""
+
+    @staticmethod
+    def forward(ctx, x, scale, limit):
+        ctx.save_for_backward(x)
+        ctx.scale, ctx.limit = scale, limit
+        return torch.round(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * ctx.scale * (x.abs() <= ctx.limit), None, None
+
+
+class SplitScale(torch.autograd.Function):
+    """New style: three outputs (two tensors and an int), the second marked non-differentiable;
+    the backward reads a saved output and a tensor kept as an attribute, in a dict."""
+
+    @staticmethod
+    def forward(x, w):
+        return torch.sin(x) * w, torch.argmax(x, dim=-1), 7
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, w = inputs
+        ctx.save_for_backward(output[0], None)
+        ctx.kept = {"x": x, "w": w}
+        ctx.mark_non_differentiable(output[1])
+
+    @staticmethod
+    def backward(ctx, grad, grad_index, grad_int):
+        out, nothing = ctx.saved_tensors
+        x, w = ctx.kept["x"], ctx.kept["w"]
+        assert nothing is None and grad_int is None and not ctx.needs_input_grad[2:]
+        assert grad_index is not None and grad_index.shape == out.shape[:-1]  # materialized, as eager
+        return grad * torch.cos(x) * w + 0.0 * out, (grad * torch.sin(x)).sum(0)
+
+
+class ReverseGrad(torch.autograd.Function):
+    """The gradient reversal layer (domain adaptation): identity forward, -alpha * grad back."""
+
+    @staticmethod
+    def forward(ctx, x, alpha):
+        ctx.alpha = alpha
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return -ctx.alpha * grad, None
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 8)
+        self.b = nn.Linear(8, 8)
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, 8))
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x, y):
+        h = RoundSTE.apply(self.a(x) * 3, 0.5, 2.0) / 3
+        h, index, seven = SplitScale.apply(self.b(h), self.w)
+        h = ReverseGrad.apply(h, 0.25) + ReverseGrad.apply(h * 2, 1.5)  # one Function, two places
+        out = self.head(h) + index.unsqueeze(-1) * 0 + seven * 0
+        return out, F.cross_entropy(out, y)
+
+
+def _batch():
+    gen = torch.Generator().manual_seed(3)
+    return torch.randn(5, 6, generator=gen), torch.randint(0, 3, (5,), generator=gen)
+
+
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.AdamW], ids=["sgd", "adamw"])
+def test_functions_train_with_their_own_backward_as_eagerly(optimizer):
+    torch.manual_seed(0)
+    model = Model()
+    eager = copy.deepcopy(model)
+    ipu = poptorch.trainingModel(model, optimizer=optimizer(model.parameters(), lr=0.05))
+    eager_optimizer = optimizer(eager.parameters(), lr=0.05)
+    x, y = _batch()
+    for _ in range(STEPS):
+        out, loss = ipu(x, y)
+        eager_optimizer.zero_grad()
+        eager_out, eager_loss = eager(x, y)
+        eager_loss.backward()
+        eager_optimizer.step()
+        torch.testing.assert_close(loss, eager_loss.detach())
+    ipu.copyWeightsToHost()
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), msg=lambda m: f"{name}: {m}")
+
+
+def test_the_functions_own_gradient_is_used_not_the_forwards():
+    """round's own derivative is zero: a step that trained through the traced forward's ops
+    would leave ``a`` unchanged; the straight-through backward moves it, as eagerly."""
+    torch.manual_seed(0)
+    model = Model()
+    before = model.a.weight.detach().clone()
+    ipu = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05))
+    ipu(*_batch())
+    ipu.copyWeightsToHost()
+    assert (model.a.weight.detach() - before).abs().max() > 1e-4
+
+
+def test_an_inference_model_runs_the_functions_forward():
+    torch.manual_seed(0)
+    model = Model().eval()
+    x, y = _batch()
+    out, loss = poptorch.inferenceModel(model)(x, y)
+    eager_out, eager_loss = model(x, y)
+    torch.testing.assert_close(out, eager_out)
+    torch.testing.assert_close(loss, eager_loss)
+
+
+class _Doubler(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.mark_dirty(x)
+        return x.mul_(2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+def test_an_in_place_function_is_refused_with_the_fix():
+    class InPlace(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x):
+            out = _Doubler.apply(self.lin(x))
+            return out, out.sum()
+
+    model = InPlace()
+    with pytest.raises(TraceError, match="_Doubler modifies its input in place") as info:
+        poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))(torch.randn(2, 3))
+    assert "return a new tensor" in info.value.fix
+
+
+class _Clipped(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad if grad.abs().max() < 1 else grad.clamp(-1, 1)  # decides on the gradient's values
+
+
+def test_a_backward_that_reads_values_is_refused_with_its_line():
+    class Clipping(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x):
+            out = _Clipped.apply(self.lin(x))
+            return out, out.sum()
+
+    model = Clipping()
+    with pytest.raises(AutodiffError, match="backward of the custom autograd.Function .*_Clipped failed") as info:
+        poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))(torch.randn(2, 3))
+    assert "test_custom_functions.py" in info.value.where and "in backward" in info.value.where
+    assert "torch.where" in info.value.fix
+
+
+def test_torchs_reentrant_checkpoint_is_refused_with_use_reentrant_false():
+    class Checkpointed(nn.Module):
+        def __init__(self, reentrant):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 3)
+            self.reentrant = reentrant
+
+        def forward(self, x, y):
+            out = self.b(checkpoint(lambda t: torch.tanh(self.a(t)), x, use_reentrant=self.reentrant))
+            return out, F.mse_loss(out, y)
+
+    x, y = torch.randn(5, 4), torch.randn(5, 3)
+    model = Checkpointed(True)
+    with pytest.raises(TraceError, match="torch.utils.checkpoint.CheckpointFunction, which torch's") as info:
+        poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))(x, y)
+    assert "use_reentrant=False" in info.value.fix and "test_custom_functions.py" in info.value.where
+
+    torch.manual_seed(0)
+    model = Checkpointed(False)
+    eager = copy.deepcopy(model)
+    ipu = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    eager_optimizer = torch.optim.SGD(eager.parameters(), lr=0.1)
+    for _ in range(STEPS):
+        ipu(x, y)
+        eager_optimizer.zero_grad()
+        eager(x, y)[1].backward()
+        eager_optimizer.step()
+    ipu.copyWeightsToHost()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach())
+
+
+def test_functions_outside_a_capture_are_torchs():
+    """The interception lasts only as long as a capture: afterwards apply is torch's again."""
+    poptorch.inferenceModel(Model().eval())(*_batch())
+    x = torch.randn(4, requires_grad=True)
+    RoundSTE.apply(x * 3, 1.0, 10.0).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((4,), 3.0))
