@@ -108,6 +108,10 @@ class _RecordingContext:
         self._materialize = True
 
     def save_for_backward(self, *tensors: Any) -> None:
+        for i, t in enumerate(tensors):
+            if t is not None and not isinstance(t, torch.Tensor):  # eager's check and message
+                raise TypeError(f"save_for_backward can only save variables, but argument {i} is of type "
+                                f"{type(t).__name__}")
         self._to_save = tensors
 
     def save_for_forward(self, *tensors: Any) -> None:

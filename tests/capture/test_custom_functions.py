@@ -146,6 +146,35 @@ class _Doubler(torch.autograd.Function):
         return grad * 2
 
 
+class _SavesAnInt(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x, 3)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+def test_saving_a_non_tensor_raises_eagers_type_error():
+    class Saves(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x):
+            out = _SavesAnInt.apply(self.lin(x))
+            return out, out.sum()
+
+    with pytest.raises(TypeError) as eager:
+        _SavesAnInt.apply(torch.ones(2, requires_grad=True))
+    model = Saves()
+    with pytest.raises(TypeError, match="argument 1 is of type int") as info:
+        poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))(torch.randn(2, 3))
+    assert isinstance(info.value, TraceError) and str(eager.value) in str(info.value)
+
+
 def test_an_in_place_function_is_refused_with_the_fix():
     class InPlace(nn.Module):
         def __init__(self):
