@@ -15,6 +15,9 @@
   (``x[mask]``, ``nonzero``, ``bincount``, ``unique``, ``masked_select``) traces to
   a shape with unknown sizes; PopTorch refuses such ops, and so does ipuxl, naming
   the op, the module and the line, with the static-shape way to write it.
+* an ``autograd.Function`` that functorch cannot run (torch's own, such as reentrant
+  ``checkpoint``; a model's own run through ``capture.custom_functions``) is named, with
+  what to call instead.
 """
 from __future__ import annotations
 
