@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["bits", "uniform", "dropout_mask", "normal", "modify_seed", "offset_seed"]
+__all__ = ["int32_bits", "bits", "uniform", "dropout_mask", "normal", "modify_seed", "offset_seed"]
 
 _MASK32 = 0xFFFFFFFF
 _MIX1, _MIX2, _MIX3 = 0x7FEB352D, 0x846CA68B, 0x9E3779B1  # odd multipliers (lowbias32's, golden ratio)
@@ -44,7 +44,7 @@ _STEP = (_MIX_MODIFIER * pow(_MIX_SEED, -1, 2**32)) & _MASK32  # see offset_seed
 _TOP24 = 2.0 ** -24
 
 
-def _signed(value: int) -> int:
+def int32_bits(value: int) -> int:
     """A 32-bit word as the int32 value with its bits (what a torch int32 tensor holds)."""
     value &= _MASK32
     return value - 2**32 if value >= 2**31 else value
@@ -57,8 +57,8 @@ def _shift_xor(x: torch.Tensor, shift: int) -> torch.Tensor:
 
 def _mix_words(x: torch.Tensor) -> torch.Tensor:
     """lowbias32 of each int32 element, in place."""
-    x = _shift_xor(x, 16).mul_(_signed(_MIX1))
-    return _shift_xor(_shift_xor(x, 15).mul_(_signed(_MIX2)), 16)
+    x = _shift_xor(x, 16).mul_(int32_bits(_MIX1))
+    return _shift_xor(_shift_xor(x, 15).mul_(int32_bits(_MIX2)), 16)
 
 
 def _mix_int(v: int) -> int:
@@ -75,7 +75,7 @@ def _keys(seed: torch.Tensor) -> tuple[int, int] | tuple[torch.Tensor, torch.Ten
     if seed.device.type == "cpu":
         w0, w1 = (int(v) & _MASK32 for v in seed.reshape(2).tolist())
         m0, m1 = _mix_int(w0), _mix_int(w1)
-        return _signed(m0 + m1), _signed(m0 ^ (m1 * _GOLDEN))
+        return int32_bits(m0 + m1), int32_bits(m0 ^ (m1 * _GOLDEN))
     return _device_keys(seed)
 
 
@@ -83,7 +83,7 @@ def _device_keys(seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``_keys`` in tensor ops on the seed's device (no host read)."""
     wide = seed.reshape(2).to(torch.int64) & _MASK32
     m = _mix_words((wide - ((wide >> 31) << 32)).to(torch.int32))  # int32 with the same bits, exactly
-    return m[0] + m[1], m[0] ^ (m[1] * _signed(_GOLDEN))
+    return m[0] + m[1], m[0] ^ (m[1] * int32_bits(_GOLDEN))
 
 
 def bits(seed: torch.Tensor, numel: int) -> torch.Tensor:
@@ -111,9 +111,9 @@ def _checked(seed: torch.Tensor, numel: int) -> torch.Tensor:
 
 def _torch_words(k1: int | torch.Tensor, k2: int | torch.Tensor, numel: int, device: torch.device) -> torch.Tensor:
     """The hash in int32 torch ops on ``device``."""
-    x = torch.arange(numel, dtype=torch.int32, device=device).add_(k1).mul_(_signed(_MIX1))
-    x = _shift_xor(x, 16).bitwise_xor_(k2).mul_(_signed(_MIX2))
-    return _shift_xor(_shift_xor(x, 15).mul_(_signed(_MIX3)), 16)
+    x = torch.arange(numel, dtype=torch.int32, device=device).add_(k1).mul_(int32_bits(_MIX1))
+    x = _shift_xor(x, 16).bitwise_xor_(k2).mul_(int32_bits(_MIX2))
+    return _shift_xor(_shift_xor(x, 15).mul_(int32_bits(_MIX3)), 16)
 
 
 _U32 = np.uint32

@@ -27,6 +27,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from ipuxl.kernels.counter_random import int32_bits
+
 try:
     import triton
     import triton.language as tl
@@ -39,12 +41,6 @@ _BLOCK = 1024
 _MODES = {"dropout": 0, "uniform": 1, "normal": 2}
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _SEEDS = (torch.int32, torch.int64, torch.uint32)
-
-
-def _signed(value: int) -> int:
-    """A 32-bit word as an int32 value (a Triton ``i32`` argument)."""
-    value &= 0xFFFFFFFF
-    return value - 2**32 if value >= 2**31 else value
 
 
 if triton is not None:
@@ -194,5 +190,5 @@ def seed_affine(seed: torch.Tensor, multiplier: int, added: int, with_w0: bool,
     """``[w0, (w1 * multiplier + added + (w0 if with_w0)) mod 2**32]`` in the seed's dtype."""
     out = torch.empty_like(seed)
     with _on(seed.device):
-        (kernels or compiled()).seed_affine[(1,)](seed, out, _signed(multiplier), _signed(added), WITH_W0=with_w0)
+        (kernels or compiled()).seed_affine[(1,)](seed, out, int32_bits(multiplier), int32_bits(added), WITH_W0=with_w0)
     return out

@@ -146,6 +146,23 @@ class _Doubler(torch.autograd.Function):
         return grad * 2
 
 
+class _Applies(nn.Module):
+    """A linear layer, then ``function.apply``; the loss is the output's sum."""
+
+    def __init__(self, function):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.function = function
+
+    def forward(self, x):
+        out = self.function.apply(self.lin(x))
+        return out, out.sum()
+
+
+def _train_step(model, *batch):
+    return poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))(*batch)
+
+
 class _SavesAnInt(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -158,36 +175,16 @@ class _SavesAnInt(torch.autograd.Function):
 
 
 def test_saving_a_non_tensor_raises_eagers_type_error():
-    class Saves(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = nn.Linear(3, 3)
-
-        def forward(self, x):
-            out = _SavesAnInt.apply(self.lin(x))
-            return out, out.sum()
-
     with pytest.raises(TypeError) as eager:
         _SavesAnInt.apply(torch.ones(2, requires_grad=True))
-    model = Saves()
     with pytest.raises(TypeError, match="argument 1 is of type int") as info:
-        poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))(torch.randn(2, 3))
+        _train_step(_Applies(_SavesAnInt), torch.randn(2, 3))
     assert isinstance(info.value, TraceError) and str(eager.value) in str(info.value)
 
 
 def test_an_in_place_function_is_refused_with_the_fix():
-    class InPlace(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = nn.Linear(3, 3)
-
-        def forward(self, x):
-            out = _Doubler.apply(self.lin(x))
-            return out, out.sum()
-
-    model = InPlace()
     with pytest.raises(TraceError, match="_Doubler modifies its input in place") as info:
-        poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))(torch.randn(2, 3))
+        _train_step(_Applies(_Doubler), torch.randn(2, 3))
     assert "return a new tensor" in info.value.fix
 
 
@@ -202,18 +199,8 @@ class _Clipped(torch.autograd.Function):
 
 
 def test_a_backward_that_reads_values_is_refused_with_its_line():
-    class Clipping(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = nn.Linear(3, 3)
-
-        def forward(self, x):
-            out = _Clipped.apply(self.lin(x))
-            return out, out.sum()
-
-    model = Clipping()
     with pytest.raises(AutodiffError, match="backward of the custom autograd.Function .*_Clipped failed") as info:
-        poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))(torch.randn(2, 3))
+        _train_step(_Applies(_Clipped), torch.randn(2, 3))
     assert "test_custom_functions.py" in info.value.where and "in backward" in info.value.where
     assert "torch.where" in info.value.fix
 
@@ -232,7 +219,7 @@ def test_torchs_reentrant_checkpoint_is_refused_with_use_reentrant_false():
     x, y = torch.randn(5, 4), torch.randn(5, 3)
     model = Checkpointed(True)
     with pytest.raises(TraceError, match="torch.utils.checkpoint.CheckpointFunction, which torch's") as info:
-        poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))(x, y)
+        _train_step(model, x, y)
     assert "use_reentrant=False" in info.value.fix and "test_custom_functions.py" in info.value.where
 
     torch.manual_seed(0)

@@ -61,7 +61,7 @@ def test_bits_are_the_reference_hash(words):
 def test_the_device_keys_are_the_hosts(words):
     """A seed off the CPU has its keys made by tensor ops (no host read): the same ints."""
     device_keys = [int(k) for k in cr._device_keys(_seed(words))]
-    assert device_keys == [cr._signed(int(k)) for k in _reference_keys(*words)] == list(cr._keys(_seed(words)))
+    assert device_keys == [cr.int32_bits(int(k)) for k in _reference_keys(*words)] == list(cr._keys(_seed(words)))
 
 
 @pytest.mark.parametrize("words", SEEDS)
@@ -95,7 +95,7 @@ def test_modify_seed_is_the_reference_mix(words, modifier):
 def test_seed_arithmetic_keeps_32_bit_seed_dtypes(dtype):
     """A 32-bit seed's new word wraps into its dtype (int32: the same bits, negative past 2**31)."""
     words = (0xFFFFFFF9, 5)
-    seed = torch.tensor([cr._signed(w) for w in words] if dtype == torch.int32 else words, dtype=dtype)
+    seed = torch.tensor([cr.int32_bits(w) for w in words] if dtype == torch.int32 else words, dtype=dtype)
     for modifier in range(4):
         got = cr.modify_seed(seed, modifier)
         assert got.dtype == dtype and [v & 0xFFFFFFFF for v in got.tolist()] == _reference_modify(*words, modifier)

@@ -25,7 +25,7 @@ def kernels():
 
 
 def _seed(words, dtype=torch.int64, device="cpu"):
-    values = [cr._signed(w) for w in words] if dtype == torch.int32 else list(words)
+    values = [cr.int32_bits(w) for w in words] if dtype == torch.int32 else list(words)
     return torch.tensor(values, dtype=dtype, device=device)
 
 
