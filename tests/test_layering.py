@@ -71,6 +71,8 @@ FOREIGN_PRIVATES = {
     # the CPU's fused attention a host trace records, replaced on other devices (device.retarget)
     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
     "_local_scalar_dense",  # aten's read of a tensor's value on the host (refused in a CUDA graph capture)
+    # a torch.library.custom_op's registered formula, and calling an op below autograd (kernels.custom_ops)
+    "_setup_context_fn", "_backward_fn", "_AutoDispatchBelowAutograd",
 }
 
 

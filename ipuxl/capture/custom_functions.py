@@ -19,17 +19,25 @@ kernel applies ``_CustomVJP``, whose backward calls the Function's ``backward`` 
 rebuilt from the record and the saved tensors: the Function's inputs get its gradient, and the
 forward's traced ops none (the outputs and saved values enter the node without one), as in
 eager. ``mark_dirty`` (an in-place forward) is refused.
+
+torch's reentrant ``checkpoint`` (``CheckpointFunction``, whose backward recomputes the
+forward and runs the autograd engine itself) runs inline, as the non-reentrant form is
+captured: the values and gradients of eager's recomputation (with ``preserve_rng_state``,
+eager's default; ipuxl's random draws are its own in either case), and no gradient inside it
+when no tensor argument requires grad, as eagerly.
 """
 from __future__ import annotations
 
 import contextlib
 import itertools
 import threading
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils import _pytree as pytree
+from torch.utils.checkpoint import CheckpointFunction
 
 from ipuxl.capture.failures import DATA_DEPENDENT
 from ipuxl.errors import AutodiffError, IpuxlError, TraceError
@@ -143,6 +151,8 @@ class _BackwardContext:
 
 
 def _captured_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+    if cls is CheckpointFunction and not kwargs and getattr(_capturing, "depth", 0) > 0:
+        return _reentrant_checkpoint(*args)
     if (kwargs or not getattr(_capturing, "depth", 0) or cls.__module__.startswith(_OWN_MODULES)
             or cls.__module__ in ("torch", "ipuxl")):
         return _ORIGINAL_APPLY.__get__(None, cls)(*args, **kwargs)
@@ -182,6 +192,17 @@ def _captured_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
     for pos, value in zip(tensor_outputs, passed):
         result[pos] = outputs[pos].detach() if id(outputs[pos]) in non_differentiable else value
     return tuple(result) if isinstance(output, tuple) else result[0]
+
+
+def _reentrant_checkpoint(function: Callable[..., Any], preserve_rng_state: bool, *args: Any) -> Any:
+    """``checkpoint(function, *args, use_reentrant=True)``, run inline: the values and gradients
+    of eager's recomputation. As eagerly, when no tensor argument requires grad it warns, and
+    nothing inside gets a gradient (eager's outputs then do not require grad)."""
+    if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):  # the capture's eager answer
+        warnings.warn("None of the inputs have requires_grad=True. Gradients will be None", stacklevel=4)
+        with torch.no_grad():
+            return function(*args)
+    return function(*args)
 
 
 @contextlib.contextmanager

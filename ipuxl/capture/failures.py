@@ -15,9 +15,9 @@
   (``x[mask]``, ``nonzero``, ``bincount``, ``unique``, ``masked_select``) traces to
   a shape with unknown sizes; PopTorch refuses such ops, and so does ipuxl, naming
   the op, the module and the line, with the static-shape way to write it.
-* an ``autograd.Function`` that functorch cannot run (torch's own, such as reentrant
-  ``checkpoint``; a model's own run through ``capture.custom_functions``) is named, with
-  what to call instead.
+* an ``autograd.Function`` of torch's that functorch cannot run is named, with what to call
+  instead (a model's own run through ``capture.custom_functions``, as does torch's reentrant
+  ``checkpoint``).
 """
 from __future__ import annotations
 
@@ -100,6 +100,16 @@ def _custom_function(exc: BaseException) -> type | None | bool:
 _APPLY = re.compile(r"([A-Za-z_][\w.]*)\.apply\s*\(")
 
 
+def _custom_op_without_fake(exc: BaseException) -> bool:
+    """Whether tracing failed for want of a custom op's fake (shape) implementation: torch's message
+    for a ``custom_op``, or fake tensors' refusal of an op outside aten with no meta kernel."""
+    if "no fake impl registered" in str(exc):
+        return True
+    func = getattr(exc, "func", None)
+    return (type(exc).__name__ == "UnsupportedOperatorException" and isinstance(func, torch._ops.OpOverload)
+            and func.namespace not in ("aten", "prims"))
+
+
 def _is_data_dependent(exc: Exception) -> bool:
     return any(k in f"{type(exc).__name__} {exc}" for k in DATA_DEPENDENT)
 
@@ -112,21 +122,23 @@ def trace_error(module_name: str, exc: Exception) -> TraceError:
     if function is not False:
         name = (f"{function.__module__}.{function.__qualname__}" if isinstance(function, type)
                 else "an autograd.Function")
-        checkpoint = name == "torch.utils.checkpoint.CheckpointFunction"
         return TraceError(
             f"cannot capture module {module_name}: it calls {name}, which torch's functional transforms (a "
             "capture runs under them) cannot run; the autograd.Functions a model defines run with their own "
             "backward, torch's and ipuxl's do not", where=traceback_source_line(exc.__traceback__),
-            fix=("call torch.utils.checkpoint.checkpoint with use_reentrant=False (Hugging Face: "
-                 "gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False}))"
-                 if checkpoint else "call its forward's ops instead, or define the Function in your own "
-                 "module (its backward is then kept)"))
+            fix="call its forward's ops instead, or define the Function in your own module (its backward is then "
+                "kept)")
     if _is_data_dependent(exc):
         message = message.splitlines()[0] if message else ""
         fix = _library_fix(exc) or (
             "tensor values are not known while capturing: replace Python control flow on tensor values "
             "and .item()/.tolist()/bool(tensor) by tensor ops (torch.where, masks), or do that work on the host")
         cls: type[TraceError] = TraceError
+    elif _custom_op_without_fake(exc):
+        fix = ("give the custom op a fake implementation with torch.library.register_fake (or @op.register_fake): "
+               "it makes empty outputs of the right shapes and dtypes, which tracing needs (torch.compile and "
+               "torch.export need it too)")
+        cls = TraceError
     else:
         fix = ("check that call's arguments (shapes, dims, dtypes, indices): eager PyTorch raises the same error "
                "for them; if it runs eagerly, rewrite it with standard torch ops")
@@ -152,14 +164,28 @@ _LIBRARY_CHECKS = {
 }
 
 
+# Hugging Face's mixture-of-experts layers in their "eager" form loop over the experts that the
+# batch routes tokens to: a loop on tensor values. Their other forms are what torch.compile runs.
+_EAGER_EXPERTS = (
+    "tensor values are not known while capturing: Hugging Face's 'eager' experts implementation loops over "
+    "the experts the batch routes tokens to; use the implementation torch.compile uses: "
+    "model.set_experts_implementation('grouped_mm') (or 'batched_mm'), or from_pretrained(..., "
+    "experts_implementation='grouped_mm')")
+
+
 def _library_fix(exc: BaseException) -> str | None:
     """The argument that spares a known library function its read of tensor values, when
-    one of them made it (see ``_LIBRARY_CHECKS``)."""
+    one of them made it (see ``_LIBRARY_CHECKS``, ``_EAGER_EXPERTS``)."""
     tb = exc.__traceback__
     while tb is not None:
         fix = _LIBRARY_CHECKS.get(tb.tb_frame.f_code.co_name)
         if fix is not None:
             return fix
+        frame = tb.tb_frame
+        config = getattr(frame.f_locals.get("self"), "config", None)  # the experts' dispatching forward:
+        if (frame.f_code.co_filename.replace("\\", "/").endswith("transformers/integrations/moe.py")
+                and getattr(config, "_experts_implementation", None) == "eager"):
+            return _EAGER_EXPERTS
         tb = tb.tb_next
     return None
 

@@ -41,6 +41,7 @@ from ipuxl.capture.failures import eager_error
 from ipuxl.capture.grad_mode import NOT_HANDLED, REQUIRES, GradTracker, is_inplace
 from ipuxl.capture.inplace import REPLACEMENTS as INPLACE_REPLACEMENTS
 from ipuxl.capture.known_values import NOT_KNOWN, KnownValues
+from ipuxl.capture.mutable_ops import call_functionally, written_arguments
 from ipuxl.capture.reductions import NOT_PROD, static_prod
 from ipuxl.errors import IpuxlError, OpArgumentError, TraceError
 from ipuxl.ir.context import user_source_line
@@ -173,8 +174,11 @@ class CaptureMode(DropoutMode):
         ``F.one_hot`` with a known class count keeps its range check at run time
         (``kernels.checks``): traced as is, an out-of-range class would give a zero row.
         An in-place composite that functionalize refuses runs as the op it stands for
-        (``capture.inplace``)."""
+        (``capture.inplace``), a custom op that writes its arguments as a functional call
+        (``capture.mutable_ops``)."""
         func = INPLACE_REPLACEMENTS.get(func, func)
+        if written := written_arguments(func):
+            return call_functionally(func, written, args, kwargs, self.grads)
         if func is F.one_hot:
             if not _known_classes(args, kwargs):
                 raise TraceError("F.one_hot without num_classes: its output shape depends on the largest index "

@@ -72,6 +72,7 @@ from ipuxl.ir.graph import Graph
 from ipuxl.ir.lower import compiled_callee, graph_callable, lower_graph
 from ipuxl.ir.meta import COLLECTIVE_OPS, NO_GRAD, OP, SOURCE
 from ipuxl.ir.tensor import Tensor
+from ipuxl.kernels.custom_ops import custom_op_error, route_custom_ops
 from ipuxl.passes.autodiff_partition import BWD_TAG as BWD_TAG, FWD_TAG as FWD_TAG  # importable from here too
 from ipuxl.passes.autodiff_partition import (build_grad_graph, check_gradient_paths, recompute_input_views,
                                              rewrite_forward, tag_forward)
@@ -297,10 +298,11 @@ def _forward_callable(graph: Graph, callees: _CalledGraphs) -> Callable[..., Any
     def callee_fn(g: Graph) -> Any:
         if g not in cache:
             entry = callees.entry(g)
-            cache[g] = compiled_callee(g, entry if entry is not None else lower_graph(g, callee_fn).forward)
+            cache[g] = compiled_callee(g, entry if entry is not None else
+                                       route_custom_ops(lower_graph(g, callee_fn)).forward)
         return cache[g]
 
-    return compiled_callee(graph, lower_graph(graph, callee_fn).forward)
+    return compiled_callee(graph, route_custom_ops(lower_graph(graph, callee_fn)).forward)
 
 
 # -- step 0: which gradients ------------------------------------------------------------
@@ -398,7 +400,14 @@ def _trace_joint(graph: Graph, provided: list[Tensor], required: list[Tensor],
         primals = [zeros_in_layout(t.node) if isinstance(t.node.meta.get("val"), torch.Tensor)
                    else torch.zeros(t.shape, dtype=t.spec.dtype) for t in graph.inputs]
         tangents = [torch.zeros(t.shape, dtype=t.spec.dtype) for t in provided]
-    return make_fx(joint, tracing_mode="fake", _allow_non_fake_inputs=True)(primals, tangents)
+    try:
+        return make_fx(joint, tracing_mode="fake", _allow_non_fake_inputs=True)(primals, tangents)
+    except RuntimeError as exc:
+        refused = custom_op_error(exc, lambda op: next(
+            (n.meta.get(SOURCE) for g in reachable_from([graph]) for n in g.fx.nodes if n.target is op), None))
+        if refused is None:
+            raise
+        raise refused from exc
 
 
 def _index(tensors: Sequence[Tensor], t: Tensor) -> int:

@@ -129,6 +129,48 @@ def test_llama_style_causal_lm(masked: bool):
     _train_like_eager(transformers.LlamaForCausalLM(config), batch)
 
 
+def _moe(arch: str):
+    torch.manual_seed(0)
+    common = dict(SMALL, num_key_value_heads=2, max_position_embeddings=32, num_experts_per_tok=2)
+    if arch == "mixtral":
+        return transformers.MixtralForCausalLM(transformers.MixtralConfig(**common, num_local_experts=4))
+    return transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
+        **common, num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=32))
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+def test_mixture_of_experts_trains_through_its_custom_op(arch: str):
+    """While compiling (so while ipuxl captures), Hugging Face's grouped-mm experts call
+    ``transformers::grouped_mm_fallback``, a ``torch.library.custom_op`` whose gradient is its
+    registered formula (``kernels.custom_ops``); eagerly they run F.grouped_mm, which has no
+    float64 kernel: SGD in float32, whose updates are exact, keeps the comparison tight."""
+    model = _moe(arch)
+    assert model.config._experts_implementation == "grouped_mm"
+    batch = dict(input_ids=_ids(), attention_mask=_padding_mask(), labels=_ids())
+    ref = copy.deepcopy(model)
+    ipu = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-2))
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=1e-2)
+    for _ in range(STEPS):
+        loss = ipu(**batch).loss
+        ref_opt.zero_grad()
+        ref_loss = ref(**batch).loss
+        ref_loss.backward()
+        ref_opt.step()
+        torch.testing.assert_close(loss, ref_loss.detach())
+    ipu.copyWeightsToHost()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), msg=lambda m: f"{name}: {m}")
+
+
+def test_eager_experts_are_refused_with_the_implementation_to_use():
+    model = _moe("mixtral")
+    model.set_experts_implementation("eager")
+    ipu = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3))
+    with pytest.raises(TraceError, match="tensor values") as info:
+        ipu(input_ids=_ids(), labels=_ids())
+    assert "set_experts_implementation('grouped_mm')" in info.value.fix
+
+
 class _Seq2Seq(torch.nn.Module):
     """``nn.Transformer`` with the causal mask it builds itself and an optional padding mask."""
 

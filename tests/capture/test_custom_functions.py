@@ -1,8 +1,8 @@
 """A model's own ``torch.autograd.Function``s train through ``trainingModel`` with their own
 backward, as eagerly: old style (``forward(ctx, ...)``) and new style (``setup_context``), saved
 tensors and attributes, several and non-tensor outputs, unused and non-differentiable outputs,
-a Function applied in several places; ``mark_dirty`` and torch's reentrant checkpoint are
-refused with what to do instead."""
+a Function applied in several places; torch's reentrant checkpoint runs inline, with eager's
+gradients; ``mark_dirty`` is refused with what to do instead."""
 from __future__ import annotations
 
 import copy
@@ -205,36 +205,75 @@ def test_a_backward_that_reads_values_is_refused_with_its_line():
     assert "torch.where" in info.value.fix
 
 
-def test_torchs_reentrant_checkpoint_is_refused_with_use_reentrant_false():
-    class Checkpointed(nn.Module):
-        def __init__(self, reentrant):
-            super().__init__()
-            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 3)
-            self.reentrant = reentrant
+class _Checkpointed(nn.Module):
+    def __init__(self, reentrant, input_grad=True):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 3)
+        self.reentrant, self.input_grad = reentrant, input_grad
 
-        def forward(self, x, y):
-            out = self.b(checkpoint(lambda t: torch.tanh(self.a(t)), x, use_reentrant=self.reentrant))
-            return out, F.mse_loss(out, y)
+    def forward(self, x, y):
+        h = x * self.b.weight.sum() if self.input_grad else x  # an input that requires grad, or data
+        out = self.b(checkpoint(lambda t, k: torch.tanh(self.a(t)) * k, h, 2, use_reentrant=self.reentrant))
+        return out, F.mse_loss(out, y)
 
-    x, y = torch.randn(5, 4), torch.randn(5, 3)
-    model = Checkpointed(True)
-    with pytest.raises(TraceError, match="torch.utils.checkpoint.CheckpointFunction, which torch's") as info:
-        _train_step(model, x, y)
-    assert "use_reentrant=False" in info.value.fix and "test_custom_functions.py" in info.value.where
 
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non-reentrant"])
+def test_torchs_checkpoint_trains_as_eagerly(reentrant):
     torch.manual_seed(0)
-    model = Checkpointed(False)
+    x, y = torch.randn(5, 4), torch.randn(5, 3)
+    model = _Checkpointed(reentrant)
     eager = copy.deepcopy(model)
     ipu = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     eager_optimizer = torch.optim.SGD(eager.parameters(), lr=0.1)
     for _ in range(STEPS):
-        ipu(x, y)
+        _, loss = ipu(x, y)
         eager_optimizer.zero_grad()
-        eager(x, y)[1].backward()
+        eager_loss = eager(x, y)[1]
+        eager_loss.backward()
         eager_optimizer.step()
+        torch.testing.assert_close(loss, eager_loss.detach())
     ipu.copyWeightsToHost()
     for p, q in zip(model.parameters(), eager.parameters()):
         torch.testing.assert_close(p.detach(), q.detach())
+
+
+def test_a_reentrant_checkpoint_of_data_warns_and_trains_nothing_inside_as_eagerly():
+    """No argument requires grad: eager warns and its outputs carry no gradient, so ``a`` (inside)
+    stays as it was while ``b`` trains."""
+    torch.manual_seed(0)
+    x, y = torch.randn(5, 4), torch.randn(5, 3)
+    model = _Checkpointed(True, input_grad=False)
+    eager = copy.deepcopy(model)
+    with pytest.warns(UserWarning, match="None of the inputs have requires_grad=True"):
+        eager(x, y)[1].backward()
+    assert eager.a.weight.grad is None and eager.b.weight.grad is not None
+    before = copy.deepcopy(model.state_dict())
+    with pytest.warns(UserWarning, match="None of the inputs have requires_grad=True"):
+        _train_step(model, x, y)
+    after = model.state_dict()
+    torch.testing.assert_close(after["a.weight"], before["a.weight"])
+    assert not torch.equal(after["b.weight"], before["b.weight"])
+
+
+class _TorchsOwn(torch.autograd.Function):
+    """An old-style Function that torch itself would define (it is not intercepted)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+_TorchsOwn.__module__ = "torch.utils._probe"
+
+
+def test_an_old_style_function_of_torchs_own_is_named_with_what_to_do():
+    with pytest.raises(TraceError, match="it calls torch.utils._probe._TorchsOwn, which torch's functional") as info:
+        _train_step(_Applies(_TorchsOwn), torch.randn(2, 3))
+    assert "call its forward's ops instead" in info.value.fix and "test_custom_functions.py" in info.value.where
 
 
 def test_functions_outside_a_capture_are_torchs():
