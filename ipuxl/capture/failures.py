@@ -139,6 +139,12 @@ def trace_error(module_name: str, exc: Exception) -> TraceError:
                "it makes empty outputs of the right shapes and dtypes, which tracing needs (torch.compile and "
                "torch.export need it too)")
         cls = TraceError
+    elif type(exc).__name__ == "UncapturedHigherOrderOpError":  # torch.cond, torch.while_loop...: torch.compile's
+        hop = re.search(r"Higher Order Operator: (\S+)", message)
+        message = f"{hop.group(1) if hop else 'a higher-order op'} needs torch.compile's Dynamo to trace its branches"
+        fix = ("ipuxl does not capture torch's control-flow operators: compute both branches and select with "
+               "torch.where, or use poptorch.cond (inference) or poptorch.for_loop")
+        cls = TraceError
     else:
         fix = ("check that call's arguments (shapes, dims, dtypes, indices): eager PyTorch raises the same error "
                "for them; if it runs eagerly, rewrite it with standard torch ops")

@@ -283,3 +283,19 @@ def test_an_error_inside_an_installed_library_names_the_librarys_line():
     with pytest.raises(AttributeError) as info:
         namespace["forward"](object())
     assert traceback_source_line(info.value.__traceback__) == f"{library}:2 in forward"
+
+
+def test_torch_cond_is_refused_with_what_to_use():
+    class Branches(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.lin(x)
+            return torch.cond(h.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (h,)).sum()
+
+    model = Branches()
+    with pytest.raises(TraceError, match="torch.cond needs torch.compile's Dynamo") as info:
+        poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))(torch.randn(2, 4))
+    assert "torch.where" in info.value.fix and "test_compiling.py" in info.value.where
