@@ -39,7 +39,7 @@ __all__ = ["trace_error", "error_class", "eager_error", "refuse_data_dependent",
 
 # words in torch's messages that mean "a tensor's value decided something at trace time"
 DATA_DEPENDENT = ("DataDependent", "data-dependent", "data dependent", "GuardOnDataDependent", "item()",
-                  "Could not guard", "_local_scalar_dense")
+                  "Could not guard", "_local_scalar_dense", "tolist()")
 
 
 def error_class(builtin: type[BaseException]) -> type[TraceError]:

@@ -222,13 +222,18 @@ def test_a_decision_on_constant_values_is_taken_as_eager_takes_it():
     torch.testing.assert_close(poptorch.inferenceModel(model)(x), model(x))
 
 
-def test_a_decision_on_input_values_is_refused_with_the_fix():
+@pytest.mark.parametrize("read", ["bool", "tolist"])
+def test_a_decision_on_input_values_is_refused_with_the_fix(read):
+    """``bool(x.sum() > 0)``, and ``tolist()`` as JetMoE's router calls it (sizes of the
+    experts' token groups)."""
     class OnInput(torch.nn.Module):
         def forward(self, x):
+            if read == "tolist":
+                return x.split((x > 0).long().sum(0).tolist())[0]
             return x * 2 if x.sum() > 0 else x
 
     with pytest.raises(TraceError, match="tensor values are not known while capturing") as info:
-        poptorch.inferenceModel(OnInput())(torch.ones(3))
+        poptorch.inferenceModel(OnInput())(torch.ones(3, 2))
     assert "torch.where" in info.value.fix
 
 
