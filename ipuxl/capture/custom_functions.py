@@ -32,6 +32,7 @@ import contextlib
 import itertools
 import threading
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -101,8 +102,21 @@ def _backward_error(cls: type, exc: Exception) -> AutodiffError:
              "check the backward's arguments and results: eager PyTorch raises the same error for them"))
 
 
-_RECORDS: dict[int, _Record] = {}
+# Records live as long as a graph holds their node: a capture's are pending (per thread, until the
+# next capture starts) until ``route_custom_functions`` puts each in its node's meta; then they are
+# found by key while any graph (the trace, the IR, a lowered copy) holds that node.
+_ROUTED: weakref.WeakValueDictionary[int, _Record] = weakref.WeakValueDictionary()
+RECORD = "ipuxl_custom_function"
 _KEYS = itertools.count()
+
+
+def _pending() -> dict[int, _Record]:
+    pending: dict[int, _Record] = _capturing.__dict__.setdefault("records", {})
+    return pending
+
+
+def _record(key: int) -> _Record:
+    return _ROUTED[key] if key in _ROUTED else _pending()[key]
 
 
 class _RecordingContext:
@@ -183,7 +197,7 @@ def _captured_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
     attributes = {k: pytree.tree_map(stash, v) for k, v in ctx.user_attributes().items()}
     non_differentiable = {id(t) for t in ctx._non_differentiable}
     key = next(_KEYS)
-    _RECORDS[key] = _Record(
+    _pending()[key] = _Record(
         cls, needs, [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)], tensor_outputs, len(outputs),
         [(outputs[i].shape, outputs[i].dtype) for i in tensor_outputs], save_layout, attributes, ctx._materialize)
     inputs = [a for a in args if isinstance(a, torch.Tensor)]
@@ -209,6 +223,8 @@ def _reentrant_checkpoint(function: Callable[..., Any], preserve_rng_state: bool
 def intercepting_functions() -> Iterator[None]:
     """``Function.apply`` of user Functions records them as above while inside."""
     _capturing.depth = getattr(_capturing, "depth", 0) + 1
+    if _capturing.depth == 1:
+        _pending().clear()  # an earlier capture's unrouted records (it failed) go
     torch.autograd.Function.apply = classmethod(_captured_apply)  # other threads' calls pass through
     try:
         yield
@@ -244,10 +260,13 @@ def custom_function_call(key: int, inputs: list[torch.Tensor], outputs: list[tor
 
 
 def route_custom_functions(gm: torch.fx.GraphModule) -> None:
-    """Point a trace's ``ipuxl::custom_function`` nodes at ``custom_function_call`` (in place)."""
+    """Point a trace's ``ipuxl::custom_function`` nodes at ``custom_function_call`` (in place),
+    each holding its record in its meta (``RECORD``)."""
     found = False
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is torch.ops.ipuxl.custom_function.default:
+            key = node.args[0]
+            node.meta[RECORD] = _ROUTED[key] = _pending().pop(key) if key in _pending() else _record(key)
             node.target, found = custom_function_call, True
     if found:
         gm.recompile()
@@ -269,7 +288,7 @@ class _CustomVJP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
-        input_grads = _RECORDS[ctx.key].backward(ctx.saved_tensors, grads)
+        input_grads = _record(ctx.key).backward(ctx.saved_tensors, grads)
         return (None, None, None, *input_grads, *([None] * ctx.n_others))
 
 
@@ -280,7 +299,7 @@ def _unrouted(keyset: Any, key: int, inputs: list[torch.Tensor], outputs: list[t
               saved: list[torch.Tensor]) -> Any:
     """The op under autograd: its gradient is ``custom_function_call``'s, never none."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-        raise AutodiffError(f"internal: the custom autograd.Function {_RECORDS[key].cls.__qualname__} was "
+        raise AutodiffError(f"internal: the custom autograd.Function {_record(key).cls.__qualname__} was "
                             "differentiated as an op without its backward (route_custom_functions)")
     below = keyset
     for k in _AUTOGRAD_KEYS:

@@ -282,3 +282,32 @@ def test_functions_outside_a_capture_are_torchs():
     x = torch.randn(4, requires_grad=True)
     RoundSTE.apply(x * 3, 1.0, 10.0).sum().backward()
     torch.testing.assert_close(x.grad, torch.full((4,), 3.0))
+
+
+class _Twice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+def test_a_functions_record_lives_as_long_as_its_program():
+    """What a captured Function's backward needs is held by its node: a program that is gone
+    frees it, so a process that compiles again and again does not accumulate them."""
+    import gc
+
+    from ipuxl.capture import custom_functions
+
+    def records():
+        gc.collect()
+        return [r for r in custom_functions._ROUTED.values() if r.cls is _Twice]
+
+    model = _Applies(_Twice)
+    ipu = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    ipu(torch.randn(2, 3))
+    assert len(records()) == 1
+    del ipu, model
+    assert records() == []
