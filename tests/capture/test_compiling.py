@@ -290,17 +290,25 @@ def test_an_error_inside_an_installed_library_names_the_librarys_line():
     assert traceback_source_line(info.value.__traceback__) == f"{library}:2 in forward"
 
 
-def test_torch_cond_is_refused_with_what_to_use():
-    class Branches(torch.nn.Module):
+@pytest.mark.parametrize("operator", ["cond", "flex_attention"])
+def test_higher_order_operators_are_refused_with_what_to_use(operator: str):
+    """torch.cond and flex_attention hand functions to Dynamo, which a capture does not run."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    class Uses(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.lin = torch.nn.Linear(4, 4)
+            self.lin = torch.nn.Linear(8, 8)
 
         def forward(self, x):
             h = self.lin(x)
-            return torch.cond(h.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (h,)).sum()
+            if operator == "cond":
+                return torch.cond(h.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (h,)).sum()
+            q = h.view(1, 2, 4, 4)
+            return flex_attention(q, q, q, score_mod=lambda score, b, head, i, j: score + (i - j)).sum()
 
-    model = Branches()
-    with pytest.raises(TraceError, match="torch.cond needs torch.compile's Dynamo") as info:
-        poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))(torch.randn(2, 4))
-    assert "torch.where" in info.value.fix and "test_compiling.py" in info.value.where
+    model = Uses()
+    with pytest.raises(TraceError, match=f"{operator} needs torch.compile's Dynamo") as info, torch.no_grad():
+        poptorch.inferenceModel(model)(torch.randn(4, 8))
+    assert ("scaled_dot_product_attention" if operator == "flex_attention" else "torch.where") in info.value.fix
+    assert "test_compiling.py" in info.value.where
