@@ -48,6 +48,10 @@ from ipuxl.source import user_source_line
 __all__ = ["intercepting_functions", "route_custom_functions", "custom_function_call"]
 
 _ORIGINAL_APPLY = torch.autograd.Function.__dict__["apply"]
+# torch's own Functions whose backward is the derivative of their forward's ops: a capture runs
+# their forward (flex attention's ``ModIndex``: ``bias[h]`` in a score_mod is ``aten.index``, and
+# its backward the scatter that is aten.index's own derivative)
+_INLINED = {("torch._dynamo._trace_wrapped_higher_order_op", "ModIndex")}
 _OWN_MODULES = ("torch.", "ipuxl.")
 _NO_SETUP_CONTEXT = torch.autograd.Function.setup_context  # what an old-style Function inherits
 _capturing = threading.local()  # .depth: the captures this thread is inside
@@ -167,6 +171,8 @@ class _BackwardContext:
 def _captured_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
     if cls is CheckpointFunction and not kwargs and getattr(_capturing, "depth", 0) > 0:
         return _reentrant_checkpoint(*args)
+    if (cls.__module__, cls.__qualname__) in _INLINED and getattr(_capturing, "depth", 0) > 0:
+        return cls.forward(*args, **kwargs)  # type: ignore[attr-defined]
     if (kwargs or not getattr(_capturing, "depth", 0) or cls.__module__.startswith(_OWN_MODULES)
             or cls.__module__ in ("torch", "ipuxl")):
         return _ORIGINAL_APPLY.__get__(None, cls)(*args, **kwargs)

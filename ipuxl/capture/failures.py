@@ -166,6 +166,10 @@ _LIBRARY_CHECKS = {
         "faster path; say which it is instead: pass is_causal=True or False to TransformerEncoder.forward "
         "(tgt_is_causal= / memory_is_causal= to nn.Transformer.forward and TransformerDecoder.forward), or "
         "build the mask inside forward from constants (nn.Transformer.generate_square_subsequent_mask(n))"),
+    "flex_attention_mask": (
+        "tensor values are not known while capturing: Hugging Face's flex-attention mask checks whether the "
+        "attention mask is all ones before adding its padding; use attn_implementation='sdpa' (same results), or "
+        "pass no attention_mask when no sequence is padded"),
     "_nested_tensor_from_mask_left_aligned": (
         "tensor values are not known while capturing: nn.TransformerEncoder's nested-tensor fast path "
         "checks the padding mask's values; construct it with enable_nested_tensor=False"),

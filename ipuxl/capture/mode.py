@@ -38,6 +38,7 @@ from ipuxl.capture.custom_functions import intercepting_functions
 from ipuxl.capture.constants import OutsideTensors
 from ipuxl.capture.dropout import ATTENTION_ARGS, ATTENTION_DEFAULTS, DropoutMode
 from ipuxl.capture.failures import eager_error
+from ipuxl.capture.flex_attention import flex_attention_as_math
 from ipuxl.capture.grad_mode import NOT_HANDLED, REQUIRES, GradTracker, is_inplace
 from ipuxl.capture.inplace import REPLACEMENTS as INPLACE_REPLACEMENTS
 from ipuxl.capture.known_values import NOT_KNOWN, KnownValues
@@ -222,10 +223,12 @@ def _known_classes(args: tuple, kwargs: dict) -> bool:
 @contextlib.contextmanager
 def capturing(mode: CaptureMode) -> Iterator[CaptureMode]:
     """Enter ``mode`` as this thread's active capture (see ``active_mode``); library code
-    asking ``torch.compiler.is_compiling()`` meanwhile hears True (``capture.compiling``)."""
+    asking ``torch.compiler.is_compiling()`` meanwhile hears True (``capture.compiling``),
+    a model's autograd.Functions keep their backward (``capture.custom_functions``), and
+    flex attention runs its dense math (``capture.flex_attention``)."""
     _state.mode = mode
     try:
-        with mode, compiling_state(), intercepting_functions():
+        with mode, compiling_state(), intercepting_functions(), flex_attention_as_math():
             yield mode
     finally:
         _state.mode = None
