@@ -12,7 +12,7 @@ TESTS="${TESTS:-tests/device/test_cuda_graphs.py tests/device/test_retarget.py t
   tests/poptorch_compat/compile/test_memory_format.py tests/poptorch_compat/runtime/test_executor.py tests/ir/test_placement.py \
   tests/device/test_ipus.py tests/addons_compat/transforms/test_pipelining.py tests/reference/test_popxl_pipelining.py \
   tests/kernels/test_counter_random.py tests/kernels/test_counter_random_triton.py tests/poptorch_compat/runtime/test_weight_sync.py \
-  tests/capture/test_custom_functions.py}"
+  tests/capture/test_custom_functions.py tests/capture/test_custom_ops.py tests/capture/test_flex_attention.py}"
 timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider --timeout 120 $TESTS > "$OUT/tests.log" 2>&1
 tail -25 "$OUT/tests.log"
 timeout 60 python3 benchmarks/bench_dropout.py --device cuda 2>&1 | tee "$OUT/bench_dropout_cuda.log"

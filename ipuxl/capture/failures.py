@@ -139,12 +139,9 @@ def trace_error(module_name: str, exc: Exception) -> TraceError:
                "it makes empty outputs of the right shapes and dtypes, which tracing needs (torch.compile and "
                "torch.export need it too)")
         cls = TraceError
-    elif hop := re.search(r"Higher Order Operator: (\S+)", message):  # torch.cond, flex_attention...
+    elif hop := re.search(r"Higher Order Operator: (\S+)", message):  # torch.cond, torch.while_loop...
         message = f"{hop.group(1)} needs torch.compile's Dynamo to trace the functions it is given"
-        fix = ("ipuxl does not capture torch's higher-order operators: for attention, call "
-               "F.scaled_dot_product_attention with an attn_mask (Hugging Face: attn_implementation='sdpa')"
-               if "flex_attention" in hop.group(1) else
-               "ipuxl does not capture torch's higher-order operators: compute both branches and select with "
+        fix = ("ipuxl does not capture torch's control-flow operators: compute both branches and select with "
                "torch.where, or use poptorch.cond (inference) or poptorch.for_loop")
         cls = TraceError
     else:
