@@ -126,8 +126,11 @@ def trace_error(module_name: str, exc: Exception) -> TraceError:
             f"cannot capture module {module_name}: it calls {name}, which torch's functional transforms (a "
             "capture runs under them) cannot run; the autograd.Functions a model defines run with their own "
             "backward, torch's and ipuxl's do not", where=traceback_source_line(exc.__traceback__),
-            fix="call its forward's ops instead, or define the Function in your own module (its backward is then "
-                "kept)")
+            fix=("a module's full backward hooks (register_full_backward_hook / _pre_hook) are not run in a capture: "
+                 "register a gradient hook on the module's output or input inside forward (tensor.register_hook), "
+                 "which runs as eagerly" if name == "torch.nn.modules._functions.BackwardHookFunction" else
+                 "call its forward's ops instead, or define the Function in your own module (its backward is then "
+                 "kept)"))
     if _is_data_dependent(exc):
         message = message.splitlines()[0] if message else ""
         fix = _library_fix(exc) or (

@@ -47,6 +47,7 @@ from ipuxl.capture.reductions import NOT_PROD, static_prod
 from ipuxl.errors import IpuxlError, OpArgumentError, TraceError
 from ipuxl.ir.context import user_source_line
 from ipuxl.kernels.checks import one_hot as checked_one_hot
+from ipuxl.kernels.grad_hooks import Hook, new_hook
 
 __all__ = ["CaptureMode", "Precision", "capturing", "active_mode", "identity_loss", "find_loss"]
 
@@ -115,6 +116,8 @@ class CaptureMode(DropoutMode):
         if self.precision.downcast_to_half or self.precision.upcast_to_float:
             args, kwargs = self.downcast(func, args, kwargs)
         grads = self.grads
+        if func is torch.Tensor.register_hook:
+            return self.register_hook(args[0], *args[1:], **kwargs)
         if grads is None:
             return self.call_checked(func, args, kwargs)
         answer = grads.intercept(func, args, kwargs)
@@ -126,6 +129,18 @@ class CaptureMode(DropoutMode):
             out = self.call_checked(func, args, kwargs)
         grads.record(func, args, kwargs, out)
         return out
+
+    def register_hook(self, tensor: torch.Tensor, hook: Callable) -> Hook:
+        """``tensor.register_hook(hook)``: in a trace that is differentiated, a marker that puts
+        the hook on the tensor's gradient (``kernels.grad_hooks``); the handle's ``remove()``
+        takes it off. Eager's error for a tensor that does not require grad."""
+        requires = bool(self.grads.flags(tensor) & REQUIRES) if self.grads is not None else tensor.requires_grad
+        if not requires:
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        record = new_hook(hook, user_source_line())
+        if self.grads is not None and self.grads.differentiated:
+            torch.ops.ipuxl.grad_hook(record.key, tensor)
+        return record
 
     def downcast(self, func: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """``func``'s operands with float32 tensors cast to float16 when they mix with

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.fx as fx
@@ -54,10 +54,12 @@ from ipuxl.capture.node_sources import recording_sources
 from ipuxl.capture.outputs import flatten_objects
 from ipuxl.capture.nodes import output_nodes, placeholders, spec_of
 from ipuxl.errors import TraceError
+from ipuxl.ir.context import user_source_line
 from ipuxl.ir.meta import ROLE, Role
+from ipuxl.kernels.grad_hooks import new_hook, route_grad_hooks
 from ipuxl.ir.tensor import TensorSpec
 
-__all__ = ["TracedModule", "trace_module"]
+__all__ = ["TracedModule", "trace_module", "parameter_hooks"]
 
 # BatchNorm's aten kernel (``native_batch_norm``) updates its running statistics
 # without declaring it, so functionalize cannot see the update. It is replaced by the
@@ -243,6 +245,28 @@ def _trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, *, trainin
     return traced
 
 
+def parameter_hooks(named: Iterable[tuple[str, torch.nn.Parameter]]) -> tuple:
+    """What a program compiled for a module knows of its parameters' (``named_parameters()``)
+    gradient hooks: a registration or removal since means compiling again."""
+    return tuple((name, tuple(map(id, (p._backward_hooks or {}).values())),
+                  bool(getattr(p, "_post_accumulate_grad_hooks", None)))
+                 for name, p in named if p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None))
+
+
+def _hook_parameters(params: dict[str, torch.nn.Parameter], traced: dict[str, torch.Tensor]) -> None:
+    """The gradient hooks the module's parameters carry (``register_hook``), marked on their
+    traced values (``kernels.grad_hooks``); a hook after accumulation, which would run an
+    optimiser inside the backward, is refused."""
+    for name, param in params.items():
+        if getattr(param, "_post_accumulate_grad_hooks", None):
+            raise TraceError(f"parameter '{name}' has a post-accumulate-grad hook "
+                             "(register_post_accumulate_grad_hook): ipuxl's step updates the weights itself, after "
+                             "the backward, with the optimiser given to the model", where=user_source_line(),
+                             fix="remove the hook and pass the optimiser to trainingModel(..., optimizer=...)")
+        for hook in (getattr(param, "_backward_hooks", None) or {}).values():
+            torch.ops.ipuxl.grad_hook(new_hook(hook, None).key, traced[name])
+
+
 def _half_running_statistics(module: torch.nn.Module) -> set[str]:
     """Names of the float16 running statistics (``running_mean``/``running_var``) of the
     normalisation layers that track them (``runningStatisticsAlwaysFloat``)."""
@@ -272,6 +296,8 @@ def _functional_forward(module: torch.nn.Module, call: FlatCall, params: dict[st
         mode = CaptureMode(seed, GradTracker(trainable, differentiated=training), precision)
         # a training step differentiates its forward whatever the caller's grad mode
         grad_mode = torch.enable_grad() if training else contextlib.nullcontext()
+        if training:
+            _hook_parameters(params, dict(zip(p_names, p_vals)))
         with grad_mode, capturing(mode), outlined_blocks(candidates, blocks), recording_sources():
             out = torch.func.functional_call(module, {**dict(zip(p_names, p_vals)), **dict(zip(b_names, b_vals))},
                                              call_args, call_kwargs, tie_weights=True, strict=False)
@@ -297,6 +323,7 @@ def _make_fx(fn: Callable[..., list[torch.Tensor]], module: torch.nn.Module, *ex
             gm = make_fx(torch.func.functionalize(fn, remove="mutations"), tracing_mode="fake",
                          decomposition_table=_DECOMPOSITIONS, _allow_non_fake_inputs=True)(*example)
             route_custom_functions(gm)
+            route_grad_hooks(gm)
             return gm
     except (TraceError, NeedBlock):
         raise

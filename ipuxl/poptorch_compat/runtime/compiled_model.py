@@ -35,6 +35,7 @@ from torch.utils import _pytree as pytree
 
 from ipuxl.capture.arguments import canonical_call
 from ipuxl.capture.dropout import seed_words
+from ipuxl.capture.trace import parameter_hooks
 from ipuxl.device.profile import Profile
 from ipuxl.device.session import Session, device_for
 from ipuxl.dtypes import to_numpy_dtype
@@ -111,6 +112,8 @@ class _WithLoss(torch.nn.Module):
 
 class CompiledModel:
     """A module compiled for the device on demand; call it like the module (see ``runtime.executor``)."""
+
+    _hooks: tuple = ()  # the parameters' gradient hooks the program was compiled with (``parameter_hooks``)
 
     def __init__(self, model: torch.nn.Module, options: Options | None, *, training: bool,
                  optimizer: torch.optim.Optimizer | None = None, loss: Callable | None = None):
@@ -248,9 +251,12 @@ class CompiledModel:
         """Have a program compiled for the call ``key`` (``batching.SplitBatch.micro``) of
         the inputs ``call``: compile when the key changed (refused under ``Options.staticShapes``)."""
         compiled = self._sync.compiled
-        if compiled is not None and key == self._key:
+        hooks = parameter_hooks((n, p) for p, n in self._names.items()) if self.training else ()  # changed: compile
+        if compiled is not None and key == self._key and hooks == self._hooks:
             return
-        if compiled is not None:
+        if compiled is not None and key == self._key:
+            log_recompile(self._kind, "the parameters' gradient hooks changed")
+        elif compiled is not None:
             self._check_same_dtypes(compiled, key)
             if self.options.static_shapes:
                 raise TraceError(
@@ -261,7 +267,7 @@ class CompiledModel:
             log_recompile(self._kind, recompile_reason(self._key, key, compiled.program.traced.input_names))
         _warn_inputs_requiring_grad(call)
         self._rebuild(key)
-        self._example = input_specs(call)
+        self._example, self._hooks = input_specs(call), hooks
 
     def _check_same_dtypes(self, compiled: Compiled, key: tuple) -> None:
         """Refuse an input whose dtype differs from the compiled program's (PopTorch does too)."""
