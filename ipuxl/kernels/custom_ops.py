@@ -35,8 +35,7 @@ from ipuxl.errors import AutodiffError
 from ipuxl.ir.context import traceback_source_line
 from ipuxl.ir.meta import SOURCE
 
-__all__ = ["route_custom_ops", "custom_op_call", "custom_op_error", "functional_call", "call_layout",
-           "overload_of"]
+__all__ = ["route_custom_ops", "custom_op_call", "custom_op_error", "functional_call", "call_layout"]
 
 
 def _definition(op: Any) -> Any:
@@ -70,11 +69,6 @@ def custom_op_call(name: str, where: str | None, *args: Any, **kwargs: Any) -> A
         return out[0] if _single_output(op) else out
     with torch._C._AutoDispatchBelowAutograd():
         return op(*args, **kwargs)
-
-
-def overload_of(name: str) -> Any:
-    """The OpOverload named ``name`` (``ns::op`` or ``ns::op.overload``)."""
-    return _overload(name)
 
 
 def _overload(name: str) -> Any:
