@@ -118,3 +118,25 @@ def test_experts_that_loop_over_routed_tokens_are_refused_as_data_dependent(name
     with pytest.raises(TraceError, match="tensor values are not known while capturing") as info:
         ipu(**_batch(True))
     assert f"models/{name}/modeling_{name}.py" in info.value.where.replace("\\", "/")
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_gradient_checkpointing_trains_as_eagerly(reentrant: bool):
+    """``gradient_checkpointing_enable()``: Hugging Face's default (non-reentrant) and the
+    reentrant form older code asks for both run inline, with eager's gradients."""
+    model = _model("LlamaConfig", "LlamaForCausalLM", DENSE)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    batch = _batch(masked=True)
+    eager = copy.deepcopy(model)
+    ipu = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-2))
+    eager_optimizer = torch.optim.SGD(eager.parameters(), lr=1e-2)
+    for _ in range(STEPS):
+        loss = ipu(**batch).loss
+        eager_optimizer.zero_grad()
+        eager_loss = eager(**batch).loss
+        eager_loss.backward()
+        eager_optimizer.step()
+        torch.testing.assert_close(loss, eager_loss.detach())
+    ipu.copyWeightsToHost()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach())
