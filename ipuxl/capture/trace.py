@@ -56,8 +56,8 @@ from ipuxl.capture.nodes import output_nodes, placeholders, spec_of
 from ipuxl.errors import TraceError
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.meta import ROLE, Role
-from ipuxl.kernels.grad_hooks import new_hook, route_grad_hooks
 from ipuxl.ir.tensor import TensorSpec
+from ipuxl.kernels.grad_hooks import new_hook, route_grad_hooks
 
 __all__ = ["TracedModule", "trace_module", "parameter_hooks"]
 
