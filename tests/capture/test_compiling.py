@@ -13,6 +13,7 @@ import torch
 
 import ipuxl.poptorch_compat as poptorch
 from ipuxl.errors import TraceError
+from tests.capture._eager import train_like_eager
 
 transformers = pytest.importorskip("transformers", reason="Hugging Face transformers is not installed")
 
@@ -146,20 +147,8 @@ def test_mixture_of_experts_trains_through_its_custom_op(arch: str):
     float64 kernel: SGD in float32, whose updates are exact, keeps the comparison tight."""
     model = _moe(arch)
     assert model.config._experts_implementation == "grouped_mm"
-    batch = dict(input_ids=_ids(), attention_mask=_padding_mask(), labels=_ids())
-    ref = copy.deepcopy(model)
-    ipu = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-2))
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=1e-2)
-    for _ in range(STEPS):
-        loss = ipu(**batch).loss
-        ref_opt.zero_grad()
-        ref_loss = ref(**batch).loss
-        ref_loss.backward()
-        ref_opt.step()
-        torch.testing.assert_close(loss, ref_loss.detach())
-    ipu.copyWeightsToHost()
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(p.detach(), q.detach(), msg=lambda m: f"{name}: {m}")
+    train_like_eager(model, dict(input_ids=_ids(), attention_mask=_padding_mask(), labels=_ids()), steps=STEPS,
+                     lr=1e-2, loss_of=lambda out: out.loss)
 
 
 def test_eager_experts_are_refused_with_the_implementation_to_use():

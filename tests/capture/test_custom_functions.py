@@ -15,6 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 import ipuxl.poptorch_compat as poptorch
 from ipuxl.errors import AutodiffError, TraceError
+from tests.capture._eager import train_like_eager
 
 STEPS = 3
 
@@ -96,21 +97,7 @@ def _batch():
 @pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.AdamW], ids=["sgd", "adamw"])
 def test_functions_train_with_their_own_backward_as_eagerly(optimizer):
     torch.manual_seed(0)
-    model = Model()
-    eager = copy.deepcopy(model)
-    ipu = poptorch.trainingModel(model, optimizer=optimizer(model.parameters(), lr=0.05))
-    eager_optimizer = optimizer(eager.parameters(), lr=0.05)
-    x, y = _batch()
-    for _ in range(STEPS):
-        out, loss = ipu(x, y)
-        eager_optimizer.zero_grad()
-        eager_out, eager_loss = eager(x, y)
-        eager_loss.backward()
-        eager_optimizer.step()
-        torch.testing.assert_close(loss, eager_loss.detach())
-    ipu.copyWeightsToHost()
-    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
-        torch.testing.assert_close(p.detach(), q.detach(), msg=lambda m: f"{name}: {m}")
+    train_like_eager(Model(), _batch(), steps=STEPS, optimizer=optimizer)
 
 
 def test_the_functions_own_gradient_is_used_not_the_forwards():
@@ -220,21 +207,7 @@ class _Checkpointed(nn.Module):
 @pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non-reentrant"])
 def test_torchs_checkpoint_trains_as_eagerly(reentrant):
     torch.manual_seed(0)
-    x, y = torch.randn(5, 4), torch.randn(5, 3)
-    model = _Checkpointed(reentrant)
-    eager = copy.deepcopy(model)
-    ipu = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
-    eager_optimizer = torch.optim.SGD(eager.parameters(), lr=0.1)
-    for _ in range(STEPS):
-        _, loss = ipu(x, y)
-        eager_optimizer.zero_grad()
-        eager_loss = eager(x, y)[1]
-        eager_loss.backward()
-        eager_optimizer.step()
-        torch.testing.assert_close(loss, eager_loss.detach())
-    ipu.copyWeightsToHost()
-    for p, q in zip(model.parameters(), eager.parameters()):
-        torch.testing.assert_close(p.detach(), q.detach())
+    train_like_eager(_Checkpointed(reentrant), (torch.randn(5, 4), torch.randn(5, 3)), steps=STEPS, lr=0.1)
 
 
 def test_a_reentrant_checkpoint_of_data_warns_and_trains_nothing_inside_as_eagerly():

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import ipuxl.poptorch_compat as poptorch
 from ipuxl.errors import AutodiffError, TraceError
+from tests.capture._eager import train_like_eager
 
 STEPS = 3
 NS = "ipuxl_test_custom_ops"
@@ -97,19 +98,7 @@ def _batch():
 
 def _train_like_eager(model, *batch, optimizer=torch.optim.SGD):
     """``STEPS`` steps through ``trainingModel`` and eagerly: losses, then weights and buffers, equal."""
-    eager = copy.deepcopy(model)
-    ipu = poptorch.trainingModel(model, optimizer=optimizer(model.parameters(), lr=0.05))
-    eager_optimizer = optimizer(eager.parameters(), lr=0.05)
-    for _ in range(STEPS):
-        _, loss = ipu(*batch)
-        eager_optimizer.zero_grad()
-        _, eager_loss = eager(*batch)
-        eager_loss.backward()
-        eager_optimizer.step()
-        torch.testing.assert_close(loss, eager_loss.detach())
-    ipu.copyWeightsToHost()
-    for (name, p), q in zip(model.state_dict().items(), eager.state_dict().values()):
-        torch.testing.assert_close(p, q, msg=lambda m: f"{name}: {m}")
+    train_like_eager(model, batch, steps=STEPS, optimizer=optimizer, buffers=True)
 
 
 @pytest.mark.parametrize("use_diff", [True, False], ids=["both-outputs", "one-output-unused"])

@@ -16,6 +16,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 import ipuxl.poptorch_compat as poptorch
 from ipuxl.errors import TraceError
+from tests.capture._eager import train_like_eager
 
 HEADS, SEQ, DIM = 2, 8, 4
 _TORCHS_OP = flex_module.flex_attention_hop
@@ -73,21 +74,13 @@ def test_inference_gives_eagers_outputs():
 def test_training_gives_the_gradients_of_the_same_attention_by_sdpa():
     torch.manual_seed(0)
     model = Attention(flex=True)
-    oracle = copy.deepcopy(model)
-    oracle.flex = False
-    ipu = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
-    optimizer = torch.optim.SGD(oracle.parameters(), lr=0.1)
-    x, y = _batch()
-    for _ in range(3):
-        _, loss = ipu(x, y)
-        optimizer.zero_grad()
-        oracle_loss = oracle(x, y)[1]
-        oracle_loss.backward()
-        optimizer.step()
-        torch.testing.assert_close(loss, oracle_loss.detach())
-    ipu.copyWeightsToHost()
-    for (name, p), q in zip(model.named_parameters(), oracle.parameters()):
-        torch.testing.assert_close(p.detach(), q.detach(), msg=lambda m: f"{name}: {m}")
+
+    def by_sdpa(flex_model):
+        oracle = copy.deepcopy(flex_model)
+        oracle.flex = False
+        return oracle
+
+    train_like_eager(model, _batch(), lr=0.1, oracle=by_sdpa)
     assert not torch.equal(model.slopes.detach(), torch.tensor([-0.5, -0.25]))  # the captured bias trained
 
 
@@ -107,19 +100,7 @@ def test_hugging_faces_flex_attention_trains_as_its_sdpa():
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL, attn_implementation="flex_attention"))
     oracle = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL, attn_implementation="sdpa"))
     oracle.load_state_dict(model.state_dict())
-    ipu = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-2))
-    optimizer = torch.optim.SGD(oracle.parameters(), lr=1e-2)
-    batch = _llama_batch()
-    for _ in range(3):
-        loss = ipu(**batch).loss
-        optimizer.zero_grad()
-        oracle_loss = oracle(**batch).loss
-        oracle_loss.backward()
-        optimizer.step()
-        torch.testing.assert_close(loss, oracle_loss.detach())
-    ipu.copyWeightsToHost()
-    for (name, p), q in zip(model.named_parameters(), oracle.parameters()):
-        torch.testing.assert_close(p.detach(), q.detach(), msg=lambda m: f"{name}: {m}")
+    train_like_eager(model, _llama_batch(), lr=1e-2, loss_of=lambda out: out.loss, oracle=lambda _: oracle)
 
 
 def test_hugging_faces_flex_padding_check_is_named_with_what_to_use():

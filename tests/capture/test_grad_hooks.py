@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import ipuxl.poptorch_compat as poptorch
 from ipuxl.errors import AutodiffError, TraceError
+from tests.capture._eager import train_like_eager
 
 STEPS = 3
 FROZEN = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0]).unsqueeze(1)  # embedding rows 1 and 4 stay
@@ -44,21 +45,7 @@ def _batch():
 
 
 def _train_like_eager(model, optimizer=torch.optim.SGD, prepare=lambda model: None):
-    eager = copy.deepcopy(model)
-    prepare(model)  # after the copy: a parameter's deep copy has no hooks
-    prepare(eager)
-    ipu = poptorch.trainingModel(model, optimizer=optimizer(model.parameters(), lr=0.1))
-    eager_optimizer = optimizer(eager.parameters(), lr=0.1)
-    for _ in range(STEPS):
-        _, loss = ipu(*_batch())
-        eager_optimizer.zero_grad()
-        eager_loss = eager(*_batch())[1]
-        eager_loss.backward()
-        eager_optimizer.step()
-        torch.testing.assert_close(loss, eager_loss.detach())
-    ipu.copyWeightsToHost()
-    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
-        torch.testing.assert_close(p.detach(), q.detach(), msg=lambda m: f"{name}: {m}")
+    train_like_eager(model, _batch(), steps=STEPS, lr=0.1, optimizer=optimizer, prepare=prepare)
 
 
 @pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.AdamW], ids=["sgd", "adamw"])

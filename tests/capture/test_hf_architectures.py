@@ -11,13 +11,13 @@ its router samples (Gumbel noise) in training, and ipuxl's random draws are its 
 """
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
 
 import ipuxl.poptorch_compat as poptorch
 from ipuxl.errors import TraceError
+from tests.capture._eager import train_like_eager
 
 transformers = pytest.importorskip("transformers", reason="Hugging Face transformers is not installed")
 
@@ -88,19 +88,7 @@ def _batch(masked: bool) -> dict:
 def test_architecture_trains_as_eagerly(name: str):
     model = _model(*ARCHITECTURES[name])
     batch = _batch(masked=not name.startswith("mamba"))  # Mamba takes no attention mask
-    eager = copy.deepcopy(model)
-    ipu = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-2))
-    eager_optimizer = torch.optim.SGD(eager.parameters(), lr=1e-2)
-    for _ in range(STEPS):
-        loss = ipu(**batch).loss
-        eager_optimizer.zero_grad()
-        eager_loss = eager(**batch).loss
-        eager_loss.backward()
-        eager_optimizer.step()
-        torch.testing.assert_close(loss, eager_loss.detach())
-    ipu.copyWeightsToHost()
-    for (weight, p), q in zip(model.named_parameters(), eager.parameters()):
-        torch.testing.assert_close(p.detach(), q.detach(), msg=lambda m: f"{weight}: {m}")
+    train_like_eager(model, batch, steps=STEPS, lr=1e-2, loss_of=lambda out: out.loss)
 
 
 @pytest.mark.parametrize("name", ["dbrx", "jetmoe"])
@@ -126,17 +114,4 @@ def test_gradient_checkpointing_trains_as_eagerly(reentrant: bool):
     reentrant form older code asks for both run inline, with eager's gradients."""
     model = _model("LlamaConfig", "LlamaForCausalLM", DENSE)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
-    batch = _batch(masked=True)
-    eager = copy.deepcopy(model)
-    ipu = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-2))
-    eager_optimizer = torch.optim.SGD(eager.parameters(), lr=1e-2)
-    for _ in range(STEPS):
-        loss = ipu(**batch).loss
-        eager_optimizer.zero_grad()
-        eager_loss = eager(**batch).loss
-        eager_loss.backward()
-        eager_optimizer.step()
-        torch.testing.assert_close(loss, eager_loss.detach())
-    ipu.copyWeightsToHost()
-    for p, q in zip(model.parameters(), eager.parameters()):
-        torch.testing.assert_close(p.detach(), q.detach())
+    train_like_eager(model, _batch(masked=True), steps=STEPS, lr=1e-2, loss_of=lambda out: out.loss)
