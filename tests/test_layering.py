@@ -73,6 +73,8 @@ FOREIGN_PRIVATES = {
     "_local_scalar_dense",  # aten's read of a tensor's value on the host (refused in a CUDA graph capture)
     # a torch.library.custom_op's registered formula, and calling an op below autograd (kernels.custom_ops)
     "_setup_context_fn", "_backward_fn", "_AutoDispatchBelowAutograd",
+    # aten's runtime checks, kept as ops (capture.runtime_checks, device.rewrites.dead_code)
+    "_assert_async", "_assert_scalar",
 }
 
 

@@ -44,6 +44,7 @@ from ipuxl.capture.inplace import REPLACEMENTS as INPLACE_REPLACEMENTS
 from ipuxl.capture.known_values import NOT_KNOWN, KnownValues
 from ipuxl.capture.mutable_ops import call_functionally, written_arguments
 from ipuxl.capture.reductions import NOT_PROD, static_prod
+from ipuxl.capture.runtime_checks import assert_statements
 from ipuxl.errors import IpuxlError, OpArgumentError, TraceError
 from ipuxl.ir.context import user_source_line
 from ipuxl.kernels.checks import one_hot as checked_one_hot
@@ -239,11 +240,12 @@ def _known_classes(args: tuple, kwargs: dict) -> bool:
 def capturing(mode: CaptureMode) -> Iterator[CaptureMode]:
     """Enter ``mode`` as this thread's active capture (see ``active_mode``); library code
     asking ``torch.compiler.is_compiling()`` meanwhile hears True (``capture.compiling``),
-    a model's autograd.Functions keep their backward (``capture.custom_functions``), and
-    flex attention runs its dense math (``capture.flex_attention``)."""
+    a model's autograd.Functions keep their backward (``capture.custom_functions``),
+    flex attention runs its dense math (``capture.flex_attention``) and an ``assert`` on tensor
+    values becomes a runtime check (``capture.runtime_checks``)."""
     _state.mode = mode
     try:
-        with mode, compiling_state(), intercepting_functions(), flex_attention_as_math():
+        with mode, compiling_state(), intercepting_functions(), flex_attention_as_math(), assert_statements():
             yield mode
     finally:
         _state.mode = None

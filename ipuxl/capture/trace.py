@@ -46,6 +46,7 @@ from ipuxl.capture.custom_functions import route_custom_functions
 from ipuxl.capture.dropout import SEED_DTYPE, SEED_SHAPE, random_op
 from ipuxl.capture.failures import refuse_data_dependent, trace_error
 from ipuxl.capture.random_ops import unseeded_op_error
+from ipuxl.capture.runtime_checks import materialize_checks
 from ipuxl.capture.grad_mode import GradTracker
 from ipuxl.capture.matmuls import fold_broadcast_matmuls
 from ipuxl.capture.mode import CaptureMode, Precision, capturing, find_loss
@@ -228,6 +229,7 @@ def _trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, *, trainin
                   [b.detach().float() if n in statistics else b.detach() for n, b in buffers.items()],
                   torch.zeros(SEED_SHAPE, dtype=SEED_DTYPE))
     refuse_data_dependent(gm, name)
+    materialize_checks(gm, name)
     fold_broadcast_matmuls(gm)
     _mark_roles(gm)
     mutated, mutated_inputs = extract_mutations(gm, len(example), list(params) + list(buffers))

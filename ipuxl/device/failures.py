@@ -131,6 +131,10 @@ def _fix_for(session: "Session", found: "_OpFailed", failure: "StepFailure") -> 
     """How to fix it, from the torch error and the streams the failing op reads."""
     message, k = str(found.exc), failure.step + 1
     streams = _streams_feeding(session, found, failure)
+    if found.op in _CHECK_OPS:  # the program's own check (torch._check, assert, torch._assert_async)
+        data = (f"the data of stream {', '.join(repr(s.name) for s, _ in streams)} in step {k}" if streams
+                else f"the data of step {k}")
+        return f"the model's check does not hold for {data}: fix that data, or the check if the data is valid"
     if isinstance(found.exc, IndexError) or re.search(r"out of (range|bounds)|index \S+ is out", message, re.I):
         ints = [(s, t) for s, t in streams if not (t.is_floating_point() or t.is_complex())]
         if not ints:
@@ -157,6 +161,10 @@ def _fix_for(session: "Session", found: "_OpFailed", failure: "StepFailure") -> 
     fed = f"the data of stream {', '.join(repr(s.name) for s, _ in streams)} in step {k} and " if streams else ""
     shapes = ", ".join(f"{tuple(t.shape)} {dtype_name(t.dtype)}" for t in found.tensors())
     return f"check {fed}the inputs of op '{found.op}' ({shapes or 'no tensors'})"
+
+
+_CHECK_OPS = frozenset({"_assert_async", "_assert_scalar"})
+
 
 def _streams_feeding(session: "Session", found: "_OpFailed", failure: "StepFailure") -> list[tuple[HostToDeviceStream, torch.Tensor]]:
     """The loaded streams the failing op depends on (in its graph and, through the call

@@ -10,7 +10,9 @@ Preconditions: a lowered fx graph whose in-place writes ipuxl recorded (``ir.ali
 This pass only removes aten ops whose schema mutates nothing, tuple indexing,
 ``torch.clone`` and the device's kernel choices (``ipuxl.kernels.conv.convolution_backward``,
 ``ipuxl.kernels.pool.max_pool2d_with_indices``), and never a node recorded as writing a
-tensor. Every other Python function is kept, used or not.
+tensor. Every other Python function is kept, used or not, and so are the runtime checks
+(``aten._assert_async``, ``aten._assert_scalar``): their schema mutates nothing and they return
+nothing, but their effect is the error they raise (``capture.runtime_checks``).
 
 Numerics: unchanged (only unread results are removed).
 
@@ -34,6 +36,8 @@ __all__ = ["eliminate_dead_code"]
 
 _PURE: frozenset[Callable[..., Any]] = frozenset(
     {operator.getitem, torch.clone, convolution_backward, max_pool2d_with_indices})
+_CHECKS = frozenset({torch.ops.aten._assert_async.default, torch.ops.aten._assert_async.msg,
+                     torch.ops.aten._assert_scalar.default})
 
 
 def eliminate_dead_code(graph: fx.Graph) -> PassResult:
@@ -51,5 +55,5 @@ def _is_pure(node: fx.Node) -> bool:
         return False
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
-        return not target._schema.is_mutable
+        return not target._schema.is_mutable and target not in _CHECKS
     return target in _PURE
