@@ -179,8 +179,10 @@ class _Check:
         frames = [f for f in record.stack.summary() if is_user_file(f.filename)]
         self.frame = frames[-1] if frames else None
         forward = [f for f in frames if f.name == "forward"]
-        anchor = (forward or frames)[-1] if frames else None
+        self.anchor = (forward or frames)[-1] if frames else None
+        anchor = self.anchor
         self.stack_trace = f'File "{anchor.filename}", line {anchor.lineno}, in {anchor.name}' if anchor else None
+        self.symbols: dict[sympy.Symbol, fx.Node] = {}
         self.message = self._message()
         symbols = list(record.expr.free_symbols)
         missing = [s for s in symbols if s not in sources]
@@ -198,8 +200,11 @@ class _Check:
             return msg
         if self.frame is None:
             return f"a runtime check failed: {self.record.expr} is False"
-        text = (self.frame.line or "").strip()
-        return f"a runtime check failed: `{text}` at {self.frame.filename}:{self.frame.lineno}"
+        frame, anchor = self.frame, self.anchor
+        said = f"a runtime check failed: `{(frame.line or '').strip()}` at {frame.filename}:{frame.lineno}"
+        if anchor is not None and anchor is not frame:  # a helper's check (transformers' torch_compilable_check)
+            said += f", called from `{(anchor.line or '').strip()}` at {anchor.filename}:{anchor.lineno}"
+        return said
 
     def _refuse(self, why: str) -> None:
         where = f"{self.frame.filename}:{self.frame.lineno} in {self.frame.name}" if self.frame else None
@@ -225,6 +230,11 @@ class _Check:
         return node
 
     def symbol(self, symbol: sympy.Symbol) -> fx.Node:
+        if symbol not in self.symbols:
+            self.symbols[symbol] = self._read(symbol)
+        return self.symbols[symbol]
+
+    def _read(self, symbol: sympy.Symbol) -> fx.Node:
         read, path = self.sources[symbol]
         source = read.args[0] if read.target is aten._local_scalar_dense.default else None
         if not isinstance(source, fx.Node) or path not in ((), (ConvertIntKey(),)):
@@ -252,7 +262,7 @@ class _Check:
             return self.node(_UNARY[name], self.tensor(parts[0]))
         if name == "Pow" and isinstance(parts[1], int) and parts[1] >= 1:
             return self.node(aten.pow.Tensor_Scalar, parts[0], parts[1])
-        if name in _ROUNDINGS:  # math.floor, math.ceil, int() of a float
+        if name in _ROUNDINGS:  # math.floor, math.ceil, math.trunc
             return self.node(aten._to_copy.default, self.node(_ROUNDINGS[name], self.tensor(parts[0])),
                              dtype=torch.int64)
         if name in ("ToFloat", "FloatTrueDiv", "IntTrueDiv"):

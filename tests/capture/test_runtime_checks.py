@@ -16,7 +16,7 @@ from ipuxl.errors import DeviceError, TraceError
 from tests.capture._checked import LIMIT, Checked
 from tests.capture._eager import train_like_eager
 
-CHECKS = ["check", "check_int", "check_tensor_all", "assert_async", "assert_item", "assert_tensor", "assert_and",
+CHECKS = ["check", "helper", "check_int", "check_tensor_all", "assert_async", "assert_item", "assert_tensor", "assert_and",
           "assert_not"]
 
 
@@ -53,6 +53,8 @@ def test_data_that_fails_the_check_stops_the_step_and_keeps_the_weights(how):
         assert "input out of range" in message
     if how in ("check", "assert_item"):
         assert "x.abs().max().item()" in message  # the check's own line, quoted
+    if how == "helper":  # the helper's line, and the forward's line that called it
+        assert "`torch._check(cond)`" in message and "called from `library_check(x.abs()" in message
     # the weights are those after the good step, as eagerly (where the bad step raised in forward)
     optimizer = torch.optim.SGD(eager.parameters(), lr=0.1)
     eager(x, y)[1].backward()
