@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ipuxl.ir.ir import Ir, VariableRecord
     from ipuxl.ir.replica_grouping import ReplicaGrouping
 
-__all__ = ["Tensor", "TensorSpec", "Variable", "Constant", "TensorByRef", "move_handle"]
+__all__ = ["Tensor", "TensorSpec", "Variable", "Constant", "TensorByRef", "move_handle", "keep_layout"]
 
 
 @dataclass(frozen=True)
@@ -450,6 +450,14 @@ def move_handle(tensor: Tensor, node: fx.Node) -> None:
     (``Graph.replace_body``); everywhere else a handle's node never changes.
     """
     tensor._node = node
+
+
+def keep_layout(node: fx.Node, value: torch.Tensor) -> None:
+    """Give graph input ``node`` the strides of the traced ``value`` (inputs are otherwise made
+    contiguous from their spec): the graph is then traced, and called, in the layout its values
+    have where it runs, so views traced on them stay valid and calls copy nothing."""
+    node.meta["val"] = torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype,
+                                           device="meta")
 
 
 def _ops() -> Any:

@@ -24,7 +24,7 @@ from ipuxl.ir.context import user_source_line
 from ipuxl.ir.fx_import import copy_fx_body, returns_view
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.meta import NAME, OP
-from ipuxl.ir.tensor import Tensor
+from ipuxl.ir.tensor import Tensor, keep_layout
 from ipuxl.kernels import tp_collectives
 
 __all__ = ["FWD_TAG", "BWD_TAG", "check_gradient_paths", "tag_forward", "recompute_input_views",
@@ -197,6 +197,7 @@ def build_grad_graph(graph: Graph, bw: fx.GraphModule, provided: list[Tensor],
             env[placeholders[f"tangents_{k}"]] = handle.node
     for name, t in saved:
         handle = grad.add_input(t.spec, t.name)
+        keep_layout(handle.node, placeholders[name].meta["val"])  # a transpose saved stays one: no copy per call
         env[placeholders[name]] = handle.node
     copy_fx_body(bw, grad.fx, env, grad.constant_data, graph.ir)
     _tag_traced_collectives(grad.fx)

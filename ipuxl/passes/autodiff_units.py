@@ -25,7 +25,7 @@ from ipuxl.ir.copy import copy_node
 from ipuxl.ir.grad_info import ExpectedConnectionType, GradGraphInfo
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.meta import BY_REF_ARGS, MODIFIES, NAME
-from ipuxl.ir.tensor import Tensor, TensorSpec
+from ipuxl.ir.tensor import Tensor, TensorSpec, keep_layout
 from ipuxl.ops.call import CallSiteInfo, call, call_with_info
 
 __all__ = ["differentiate_units", "MIN_CALL_UNITS", "MAX_OP_SEGMENTS", "Unit"]
@@ -216,9 +216,7 @@ def _copy_segment(graph: Graph, sub: Graph, nodes: list[fx.Node], ins: list[fx.N
     for node in ins:
         val = node.meta["val"]
         env[node] = sub.add_input(TensorSpec(tuple(val.shape), val.dtype), node.meta.get(NAME, node.name)).node
-        # the input keeps the value's layout, so the segment's trace sees the strides it will run on
-        env[node].meta["val"] = torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype,
-                                                    device="meta")
+        keep_layout(env[node], val)  # the segment's trace sees the strides it will run on
     for node in nodes:
         for a in node.all_input_nodes:
             if a.op == "get_attr" and a not in env:

@@ -34,6 +34,9 @@ ARCHITECTURES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(DENSE, head_dim=8)),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(DENSE, head_dim=8, sliding_window=8)),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(DENSE, head_dim=8, sliding_window=8)),
+    # without grouped KV heads: q_norm's outlined graph takes a transpose, whose layout it keeps
+    "gemma3_mha": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(DENSE, head_dim=8, sliding_window=8,
+                                                                 num_key_value_heads=4)),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", DENSE),
     "cohere": ("CohereConfig", "CohereForCausalLM", DENSE),
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", DENSE),

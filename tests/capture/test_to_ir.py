@@ -91,3 +91,42 @@ def test_training_with_an_input_named_seed_equals_eager(dropout):
         assert_close(loss, ref_loss.detach(), rtol=1e-5, atol=1e-6)  # Final output mode: the last step's loss
     for p, q in zip(net.parameters(), ref.parameters()):
         assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+
+
+class HeadNorm(nn.Module):
+    """An RMS norm over each attention head, applied to a transposed tensor (Gemma 3's q_norm)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + self.weight)).type_as(x)
+
+
+class HeadNorms(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norms = nn.ModuleList([HeadNorm() for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.view(2, 5, 3, 4).transpose(1, 2)  # (batch, heads, seq, dim) over (batch, seq, heads, dim) data
+        for norm in self.norms:
+            h = norm(h)
+        return h.transpose(1, 2).reshape(2, 5, 12)  # a view only in the traced layout
+
+
+def test_a_blocks_graph_takes_its_inputs_in_the_layout_it_was_traced_with():
+    """An outlined block's inputs keep their traced strides (a transpose's here), so its
+    callers' traced views stay valid; a module graph's own inputs are contiguous."""
+    net = HeadNorms()
+    x = torch.randn(2, 5, 12)
+    traced = trace_module(net, (x,), training=False, need_loss=False, outline=True)
+    assert len(traced.blocks) == 1
+    ir = Ir()
+    graph = graph_from_trace(ir, traced)
+    block_input = traced.blocks[0].entry.graph.inputs[0].node.meta["val"]
+    assert block_input.shape == (2, 3, 5, 4) and block_input.stride() == (60, 4, 12, 1)
+    assert graph.inputs[0].node.meta["val"].stride() == (60, 12, 1)
+    assert_close(ipuxl.inferenceModel(net)(x), net(x))
