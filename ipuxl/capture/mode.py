@@ -9,7 +9,8 @@ the active capture, which ``identity_loss`` and outlined blocks consult.
 
 The loss is found as PopTorch finds it (``find_loss``): the output produced by a
 torch loss function (``F.cross_entropy``, ``nn.MSELoss``...) or marked with
-``ipuxl.identity_loss``; failing that, the single scalar float output.
+``ipuxl.identity_loss``; failing that, the single scalar float output. One tensor
+returned at several positions is one candidate.
 
 ``Precision`` holds PopTorch's float16 rules for a capture (``Options.Precision``):
 with ``downcast_to_half`` (``HalfFloatCastingBehavior.FloatDowncastToHalf``) an op
@@ -287,6 +288,12 @@ def find_loss(flat: list[torch.Tensor], mode: CaptureMode) -> int | None:
     for group in (mode.marked, mode.losses):
         hits = [i for i, v in enumerate(flat) if any(v is m for m in group)]
         if hits:
-            return hits[-1] if len(hits) == 1 else -len(hits)  # negative: ambiguous
+            return _one_of(flat, hits)
     scalars = [i for i, v in enumerate(flat) if v.dim() == 0 and v.dtype.is_floating_point]
-    return scalars[0] if len(scalars) == 1 else (None if not scalars else -len(scalars))
+    return _one_of(flat, scalars) if scalars else None
+
+
+def _one_of(flat: list[torch.Tensor], hits: list[int]) -> int:
+    """The candidate among ``hits``: the one tensor they all are (a model may return its loss
+    twice: LUKE's ``loss`` and ``mlm_loss``), else ``-len(hits)`` (ambiguous)."""
+    return hits[0] if all(flat[i] is flat[hits[0]] for i in hits) else -len(hits)

@@ -1,12 +1,15 @@
 """``poptorch.identity_loss`` (``ipuxl.capture.mode``): its reductions train like eager PyTorch, and
-its required ``reduction``."""
+its required ``reduction``; which output a training model's loss is (``find_loss``)."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import ipuxl.poptorch_compat as poptorch
+from ipuxl.errors import TraceError
+from tests.capture._eager import train_like_eager
 from tests.poptorch_compat.ops._harness import Wrap, assert_same_weights, train_both
 
 
@@ -32,3 +35,36 @@ def test_identity_loss_needs_one_of_the_three_reductions():
         with pytest.raises(error, match="reduction must be 'sum', 'mean' or 'none', got 'max'"):
             poptorch.identity_loss(x, "max")
     torch.testing.assert_close(poptorch.identity_loss(x * 2, "mean"), torch.tensor(2.0))
+
+
+def _losses(kind):
+    def forward(m, x, y):
+        out = m.fc(x)
+        loss = F.mse_loss(out, y)
+        if kind == "same":  # one loss returned twice (Hugging Face's LUKE returns loss and mlm_loss)
+            return loss, out, loss
+        other = F.l1_loss(out, y)
+        if kind == "marked":
+            return poptorch.identity_loss(loss + 0.5 * other, reduction="none"), loss, other
+        if kind == "scalars":  # no loss function: two float scalars
+            return out.sum(), out.mean()
+        return loss, other
+
+    return forward
+
+
+@pytest.mark.parametrize("kind", ["same", "marked"])
+def test_one_loss_among_several_outputs_trains_as_eagerly(kind):
+    """A loss returned twice is one loss; a marked loss is the loss, whatever other losses there are."""
+    torch.manual_seed(0)
+    train_like_eager(Wrap(_losses(kind), fc=nn.Linear(3, 2)), (torch.randn(4, 3), torch.randn(4, 2)),
+                     lr=0.1, loss_of=lambda out: out[0])
+
+
+@pytest.mark.parametrize("kind, count", [("two", 2), ("scalars", 2)])
+def test_two_different_losses_are_ambiguous(kind, count):
+    model = Wrap(_losses(kind), fc=nn.Linear(3, 2))
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(TraceError, match=f"returns {count} tensors that could each be the loss") as caught:
+        training(torch.randn(4, 3), torch.randn(4, 2))
+    assert "identity_loss" in str(caught.value)
