@@ -24,8 +24,8 @@ runtime asserts):
 A check that fails at run time stops the step before it completes: a ``DeviceError`` (a
 RuntimeError, as torch.compile's failed asserts are; eager raises AssertionError for
 ``assert``) naming the check, the step and the user's line, with the variables as they were
-before the step. A condition whose parts torch cannot express as tensor ops (a symbol from an
-op whose output size depends on data) is a ``TraceError``.
+before the step. A condition ipuxl cannot state as tensor ops (a fractional power, a value
+not read with ``.item()``) is a ``TraceError``.
 """
 from __future__ import annotations
 
@@ -47,16 +47,15 @@ from torch.fx.experimental.symbolic_shapes import ConvertIntKey, GuardOnDataDepe
 from ipuxl.errors import TraceError
 from ipuxl.source import SKIP_PREFIXES, is_user_file
 
-__all__ = ["assert_statements", "materialize_checks", "ASSERT_PREFIX"]
+__all__ = ["assert_statements", "materialize_checks"]
 
 aten = torch.ops.aten
-ASSERT_PREFIX = "assert failed"
-"""How the message of a check made from an ``assert`` statement starts."""
+_ASSERT_PREFIX = "assert failed"  # how the message of a check made from an ``assert`` starts
 
 _lock = threading.Lock()
 _active = 0  # captures in progress, in all threads
 _capturing = threading.local()  # .depth: those of this thread
-_SAVED: dict[str, Callable[..., bool]] = {}
+_GUARD_BOOL: Callable[[SymNode, str, int], bool] = SymNode.guard_bool  # torch's own
 
 _JUMP_IF_TRUE = frozenset({"POP_JUMP_IF_TRUE", "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_TRUE"})
 _JUMP_IF_FALSE = frozenset({"POP_JUMP_IF_FALSE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_FALSE"})
@@ -70,7 +69,6 @@ def assert_statements() -> Iterator[None]:
     global _active
     with _lock:
         if _active == 0:
-            _SAVED["guard_bool"] = SymNode.guard_bool
             SymNode.guard_bool = _guard_bool  # type: ignore[method-assign]
         _active += 1
     _capturing.depth = getattr(_capturing, "depth", 0) + 1
@@ -81,12 +79,12 @@ def assert_statements() -> Iterator[None]:
         with _lock:
             _active -= 1
             if _active == 0:
-                SymNode.guard_bool = _SAVED.pop("guard_bool")  # type: ignore[method-assign]
+                SymNode.guard_bool = _GUARD_BOOL  # type: ignore[method-assign,assignment]
 
 
 def _guard_bool(self: SymNode, file: str, line: int) -> bool:
     try:
-        return _SAVED["guard_bool"](self, file, line)
+        return _GUARD_BOOL(self, file, line)
     except GuardOnDataDependentSymNode:
         if not getattr(_capturing, "depth", 0) or self.shape_env is None:
             raise
@@ -130,7 +128,7 @@ def _assert_site(frame: types.FrameType | None) -> tuple[str, bool] | None:
     given = instructions[fail + 1]
     said = (f": {given.argval}" if given.opname == "LOAD_CONST" and isinstance(given.argval, str)
             and _opname(instructions, fail + 2) in _CALLS else "")
-    return f"{ASSERT_PREFIX}{said} (`{text}` at {code.co_filename}:{frame.f_lineno})", negated
+    return f"{_ASSERT_PREFIX}{said} (`{text}` at {code.co_filename}:{frame.f_lineno})", negated
 
 
 def _opname(instructions: list[dis.Instruction], i: int) -> str | None:
@@ -196,7 +194,7 @@ class _Check:
 
     def _message(self) -> str:
         msg = str(self.record.msg)
-        if msg.startswith(ASSERT_PREFIX):
+        if msg.startswith(_ASSERT_PREFIX):
             return msg
         if self.frame is None:
             return f"a runtime check failed: {self.record.expr} is False"
