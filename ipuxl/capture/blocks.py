@@ -23,6 +23,7 @@ Tracing each copy inline makes capture time and graph size grow with N; instead:
 from __future__ import annotations
 
 import contextlib
+import enum
 import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -185,7 +186,10 @@ def _block_forward(module: torch.nn.Module, structure: Any, blocks: Blocks,
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         call = flatten_call(module, original, args, kwargs)
-        key = (structure, str(call.spec), tuple(v for _, v in call.static_leaves()),
+        statics = tuple(v for _, v in call.static_leaves())
+        if not all(map(_comparable, statics)):
+            return original(*args, **kwargs)  # an object equal only to itself (a cache made per call): inline
+        key = (structure, str(call.spec), statics,
                tuple((tuple(t.shape), t.dtype, _layout(t)) for t in call.tensors()))
         if key not in blocks:
             if found is None:
@@ -197,6 +201,18 @@ def _block_forward(module: torch.nn.Module, structure: Any, blocks: Blocks,
         return block.call(module, call.tensors())
 
     return forward
+
+
+_VALUES = (type(None), bool, int, float, complex, str, bytes, type, enum.Enum, torch.dtype, torch.device,
+           torch.layout, torch.memory_format)
+
+
+def _comparable(value: Any) -> bool:
+    """Whether a block's static argument compares by value (or is a singleton), so that two runs
+    of a kind of block can be told to be the same. An object equal only to itself (Hugging
+    Face's per-call ``Cache``, a lambda made in forward) would make every run a new kind: the
+    trace would start again at each run, for ever."""
+    return isinstance(value, _VALUES) or type(value).__eq__ is not object.__eq__
 
 
 def _discovery_run(found: dict[Any, NeedBlock], key: Any, module: torch.nn.Module, original: Callable,

@@ -182,6 +182,12 @@ def _train_flags(module: torch.nn.Module, training: bool) -> Iterator[None]:
             m.training = flag
 
 
+_MAX_RESTARTS_PER_BLOCK = 4
+"""Restarts of a model's trace for new kinds of blocks (each a new input shape or layout of a
+block module) beyond this many per candidate module mean runs that never match a traced kind
+(a static argument that is new at each run): the model is then traced without outlining."""
+
+
 def _trace_module(module: torch.nn.Module, args: tuple, kwargs: dict | None, *,
                   training: bool, need_loss: bool, outline: bool, precision: Precision) -> TracedModule:
     """``trace_module`` with the modules' flags already set."""
@@ -193,12 +199,16 @@ def _trace_module(module: torch.nn.Module, args: tuple, kwargs: dict | None, *,
 
     if candidates:
         discover_blocks(module, args, kwargs, candidates, blocks, trace_block)
+    restarts = 0
     while True:
         try:
             traced = _trace(module, args, kwargs, training=training, need_loss=need_loss,
                             candidates=candidates, blocks=blocks, precision=precision)
         except NeedBlock as need:  # the first run of a kind of block: trace it alone, then start again
             blocks[need.key] = trace_block(need)
+            restarts += 1
+            if restarts > _MAX_RESTARTS_PER_BLOCK * len(candidates):  # kinds that never repeat: trace inline
+                candidates, blocks = {}, {}
             continue
         traced.blocks = used_blocks(traced.gm, blocks)
         return traced

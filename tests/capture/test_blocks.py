@@ -511,3 +511,68 @@ def test_attention_dropout_is_seeded_and_replayed(causal):
     net.eval()
     ref.eval()  # no dropout: torch's fused kernel, as eager
     assert_close(ipuxl.inferenceModel(net)(x, y)[0], ref(x, y)[0], rtol=1e-5, atol=1e-6)
+
+
+class Scratch:
+    """A per-call object handed to every block (as Hugging Face hands its ``Cache``): equal only
+    to itself."""
+
+    def __init__(self):
+        self.seen = 0
+
+
+class ScratchBlock(MLPBlock):
+    def forward(self, x, scratch):
+        scratch.seen += 1
+        return super().forward(x)
+
+
+class ScratchStack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([ScratchBlock(p=0.0) for _ in range(3)])
+        self.head = nn.Linear(WIDTH, 3)
+
+    def forward(self, x, y):
+        scratch = Scratch()
+        for block in self.blocks:
+            x = block(x, scratch)
+        out = self.head(x)
+        return out, F.cross_entropy(out, y)
+
+
+def _count_traces(monkeypatch) -> list[str]:
+    import ipuxl.capture.trace as trace_mod
+
+    traced_modules: list[str] = []
+    real_trace = trace_mod._trace
+    monkeypatch.setattr(trace_mod, "_trace", lambda module, *a, **k: traced_modules.append(type(module).__name__)
+                        or real_trace(module, *a, **k))
+    return traced_modules
+
+
+def test_blocks_given_a_per_call_object_run_inline(monkeypatch):
+    """Each run's object is new, so no run can reuse a traced kind: the blocks run inline,
+    and the model is traced once (it was traced again at every run, for ever)."""
+    traced_modules = _count_traces(monkeypatch)
+    torch.manual_seed(7)
+    x, y = _data(BATCH, 7)
+    traced = trace_module(ScratchStack(), (x, y), training=True, need_loss=True, outline=True)
+    assert traced_modules == ["ScratchStack"] and not traced.blocks
+    torch.manual_seed(7)
+    _check_one_sgd_step(ScratchStack(), x, y)
+
+
+def test_a_trace_that_keeps_meeting_new_kinds_of_blocks_is_traced_without_outlining(monkeypatch):
+    """Should runs of a block never match a traced kind (here: the per-call object taken for
+    comparable), the trace gives up outlining after a bounded number of restarts."""
+    import ipuxl.capture.blocks as blocks_mod
+
+    monkeypatch.setattr(blocks_mod, "_comparable", lambda value: True)
+    traced_modules = _count_traces(monkeypatch)
+    torch.manual_seed(7)
+    x, y = _data(BATCH, 7)
+    traced = trace_module(ScratchStack(), (x, y), training=True, need_loss=True, outline=True)
+    assert not traced.blocks
+    assert traced_modules.count("ScratchStack") > 1 and traced_modules[-1] == "ScratchStack"
+    assert len(traced_modules) < 40

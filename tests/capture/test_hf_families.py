@@ -42,6 +42,11 @@ FAMILIES = {
                                                                          intermediate_groups=4, output_groups=4), "text"),
     "bart": ("BartConfig", "BartForConditionalGeneration", SEQ2SEQ, "seq2seq"),
     "m2m_100": ("M2M100Config", "M2M100ForConditionalGeneration", SEQ2SEQ, "seq2seq"),
+    # its decoder makes a Cache object per call and hands it to every layer; both layers dense (its
+    # sparse layers loop over the tokens each expert is routed, refused as data-dependent like DBRX's)
+    "nllb_moe": ("NllbMoeConfig", "NllbMoeForConditionalGeneration", dict(SEQ2SEQ, num_experts=4,
+                                                                          encoder_sparse_step=4, decoder_sparse_step=4),
+                 "seq2seq"),
     "mt5": ("MT5Config", "MT5ForConditionalGeneration", dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                                                               vocab_size=VOCAB, decoder_start_token_id=0), "seq2seq"),
     "beit": ("BeitConfig", "BeitForImageClassification", dict(IMAGE, hidden_size=32, num_hidden_layers=2,
