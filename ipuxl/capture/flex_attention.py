@@ -22,23 +22,20 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
-__all__ = ["flex_attention_as_math"]
+from ipuxl.capture.patches import CapturePatch
 
-_lock = threading.Lock()
-_active = 0  # captures in progress, in all threads
-_capturing = threading.local()  # .depth: those of this thread
+__all__ = ["flex_attention_as_math"]
 
 
 def _math_hop(original: Callable[..., Any]) -> Callable[..., Any]:
     def flex_attention_hop(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, score_mod: Callable,
                            block_mask: tuple, scale: float, kernel_options: dict[str, Any],
                            *buffers: Any) -> Any:
-        if not getattr(_capturing, "depth", 0):
+        if not _PATCH.active():
             return original(query, key, value, score_mod, block_mask, scale, kernel_options, *buffers)
         from torch._higher_order_ops.flex_attention import math_attention
         return math_attention(query, key, value, score_mod, block_mask, scale, kernel_options, *buffers)
@@ -48,43 +45,39 @@ def _math_hop(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _device_check(original: Callable[..., None]) -> Callable[..., None]:
     def validate_device(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
-        if getattr(_capturing, "depth", 0) and query.device.type == "cpu":
+        if _PATCH.active() and query.device.type == "cpu":
             return  # the dense math has a gradient: a captured program may train through it
         original(query, key, value)
 
     return validate_device
 
 
-@contextlib.contextmanager
-def flex_attention_as_math() -> Iterator[None]:
-    """While inside, this thread's calls of ``flex_attention`` run its dense math (see above)."""
-    global _active
+def _patch() -> None:
     module = _flex_module()
-    if module is None:
-        yield
+    if module is None:  # not imported (no program calls flex attention) or not this torch's form
         return
-    with _lock:
-        if _active == 0:
-            _SAVED.update(hop=module.flex_attention_hop, check=module._validate_device,
-                          debug=module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG)
-            module.flex_attention_hop = _math_hop(_SAVED["hop"])
-            module._validate_device = _device_check(_SAVED["check"])
-            module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True  # call the op itself, not through Dynamo
-        _active += 1
-    _capturing.depth = getattr(_capturing, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _capturing.depth -= 1
-        with _lock:
-            _active -= 1
-            if _active == 0:
-                module.flex_attention_hop = _SAVED["hop"]
-                module._validate_device = _SAVED["check"]
-                module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = _SAVED["debug"]
+    _SAVED.update(module=module, hop=module.flex_attention_hop, check=module._validate_device,
+                  debug=module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG)
+    module.flex_attention_hop = _math_hop(_SAVED["hop"])
+    module._validate_device = _device_check(_SAVED["check"])
+    module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True  # call the op itself, not through Dynamo
+
+
+def _unpatch() -> None:
+    module = _SAVED.pop("module", None)
+    if module is not None:
+        module.flex_attention_hop = _SAVED["hop"]
+        module._validate_device = _SAVED["check"]
+        module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = _SAVED["debug"]
 
 
 _SAVED: dict[str, Any] = {}
+_PATCH = CapturePatch(_patch, _unpatch)
+
+
+def flex_attention_as_math() -> contextlib.AbstractContextManager[None]:
+    """While inside, this thread's calls of ``flex_attention`` run its dense math (see above)."""
+    return _PATCH()
 
 
 def _flex_module() -> Any:

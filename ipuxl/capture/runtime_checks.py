@@ -34,9 +34,8 @@ import dis
 import functools
 import linecache
 import sys
-import threading
 import types
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import sympy
 import torch
@@ -44,6 +43,7 @@ import torch.fx as fx
 from torch.fx.experimental.sym_node import SymNode
 from torch.fx.experimental.symbolic_shapes import ConvertIntKey, GuardOnDataDependentSymNode
 
+from ipuxl.capture.patches import CapturePatch
 from ipuxl.errors import TraceError
 from ipuxl.source import SKIP_PREFIXES, is_user_file
 
@@ -52,9 +52,6 @@ __all__ = ["assert_statements", "materialize_checks"]
 aten = torch.ops.aten
 _ASSERT_PREFIX = "assert failed"  # how the message of a check made from an ``assert`` starts
 
-_lock = threading.Lock()
-_active = 0  # captures in progress, in all threads
-_capturing = threading.local()  # .depth: those of this thread
 _GUARD_BOOL: Callable[[SymNode, str, int], bool] = SymNode.guard_bool  # torch's own
 
 _JUMP_IF_TRUE = frozenset({"POP_JUMP_IF_TRUE", "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_TRUE"})
@@ -62,31 +59,28 @@ _JUMP_IF_FALSE = frozenset({"POP_JUMP_IF_FALSE", "POP_JUMP_FORWARD_IF_FALSE", "P
 _CALLS = frozenset({"PRECALL", "CALL", "CALL_FUNCTION"})
 
 
-@contextlib.contextmanager
-def assert_statements() -> Iterator[None]:
+def _patch() -> None:
+    SymNode.guard_bool = _guard_bool  # type: ignore[method-assign]
+
+
+def _unpatch() -> None:
+    SymNode.guard_bool = _GUARD_BOOL  # type: ignore[method-assign,assignment]
+
+
+_PATCH = CapturePatch(_patch, _unpatch)
+
+
+def assert_statements() -> contextlib.AbstractContextManager[None]:
     """While inside, an ``assert`` on a data-dependent value in this thread becomes a deferred
     runtime check instead of a failed guard (see the module docstring)."""
-    global _active
-    with _lock:
-        if _active == 0:
-            SymNode.guard_bool = _guard_bool  # type: ignore[method-assign]
-        _active += 1
-    _capturing.depth = getattr(_capturing, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _capturing.depth -= 1
-        with _lock:
-            _active -= 1
-            if _active == 0:
-                SymNode.guard_bool = _GUARD_BOOL  # type: ignore[method-assign,assignment]
+    return _PATCH()
 
 
 def _guard_bool(self: SymNode, file: str, line: int) -> bool:
     try:
         return _GUARD_BOOL(self, file, line)
     except GuardOnDataDependentSymNode:
-        if not getattr(_capturing, "depth", 0) or self.shape_env is None:
+        if not _PATCH.active() or self.shape_env is None:
             raise
         site = _assert_site(sys._getframe(1))
         if site is None:

@@ -18,6 +18,7 @@ import torch
 import ipuxl.poptorch_compat as poptorch
 from ipuxl.errors import TraceError
 from tests.capture._eager import train_like_eager
+from tests.capture._hf import hf_model
 
 transformers = pytest.importorskip("transformers", reason="Hugging Face transformers is not installed")
 
@@ -64,16 +65,7 @@ ARCHITECTURES = {
 
 
 def _model(config_name: str, model_name: str, arguments: dict) -> torch.nn.Module:
-    config_class = getattr(transformers, config_name, None)
-    model_class = getattr(transformers, model_name, None)
-    if config_class is None or model_class is None:
-        pytest.skip(f"this transformers has no {model_name}")
-    config = config_class(**arguments)
-    for key, value in list(vars(config).items()):
-        if "dropout" in key and isinstance(value, float):
-            setattr(config, key, 0.0)
-    torch.manual_seed(0)
-    return model_class(config).train()
+    return hf_model(transformers, config_name, model_name, arguments)
 
 
 def _batch(masked: bool) -> dict:
