@@ -206,27 +206,41 @@ def run_replicas(comm: Communicator, work: Sequence[Callable[[], None]]) -> None
                 comm._turn.release()
         return
     errors: list[tuple[int, BaseException]] = []
+    go = threading.Event()  # set once every thread has started: no replica runs before
+    cancelled: list[bool] = []  # non-empty: the caller was interrupted before ``go``
+    done = [threading.Event() for _ in work]  # replica i's work has returned (or never ran)
 
     def body(i: int) -> None:
-        with running_as(comm, comm.local[i]):
-            comm._turn.acquire()
-            try:
-                work[i]()
-            except BaseException as exc:
-                errors.append((comm.local[i], exc))
-                comm.abort(exc)
-            finally:
-                comm._turn.release()
+        try:
+            go.wait()
+            if cancelled:
+                return
+            with running_as(comm, comm.local[i]):
+                comm._turn.acquire()
+                try:
+                    work[i]()
+                except BaseException as exc:
+                    errors.append((comm.local[i], exc))
+                    comm.abort(exc)
+                finally:
+                    comm._turn.release()
+        finally:
+            done[i].set()
 
     threads = [threading.Thread(target=body, args=(i,), name=f"ipuxl-replica-{r}", daemon=True)
                for i, r in enumerate(comm.local)]
-    for t in threads:
-        t.start()
     try:
         for t in threads:
-            t.join()
+            t.start()  # waits for the thread to start: Ctrl-C may land here
+        go.set()
+        _wait_for(done, threads)
     except BaseException as interruption:  # Ctrl-C (KeyboardInterrupt) in the calling thread
-        _stop_replicas(comm, threads, interruption)
+        if not go.is_set():  # some threads may not exist yet: none has run, none will
+            cancelled.append(True)
+            go.set()
+            raise
+        go.set()  # again, in case the interruption fell between setting the flag and waking the threads
+        _stop_replicas(comm, done, threads, interruption)
         raise
     comm._barrier.reset()
     comm._failure = None
@@ -236,19 +250,32 @@ def run_replicas(comm: Communicator, work: Sequence[Callable[[], None]]) -> None
         raise exc
 
 
-def _stop_replicas(comm: Communicator, threads: Sequence[threading.Thread], interruption: BaseException) -> None:
+def _wait_for(done: Sequence[threading.Event], threads: Sequence[threading.Thread]) -> None:
+    """Wait until every replica's work has returned, then for its thread to end.
+
+    The wait is on ``done``, not ``Thread.join``: in Python 3.11 a ``join`` interrupted by
+    Ctrl-C marks the thread stopped although it still runs (CPython's bpo-45274 handling
+    releases the running thread's state lock), so a later ``join`` returns at once.
+    """
+    for event in done:
+        event.wait()
+    for t in threads:
+        t.join()  # the thread is past its work: this is short
+
+
+def _stop_replicas(comm: Communicator, done: Sequence[threading.Event], threads: Sequence[threading.Thread],
+                   interruption: BaseException) -> None:
     """Stop the replica threads before an interruption of the caller leaves ``run_replicas``.
 
     A replica thread left running would still be inside torch's kernels when the
-    interpreter exits (a program that catches Ctrl-C, saves a checkpoint and returns),
-    and torch's thread pool torn down under it aborts the process ("terminate called
-    without an active exception"). Breaking the barrier stops each replica at its next
-    collective (one not yet started starts and stops there); the replica running keeps
-    the turn until then, so this waits at most for the op in progress and the ops up to
-    that collective.
+    interpreter exits (a program that catches Ctrl-C, saves a checkpoint and returns):
+    at exit a daemon thread that takes the GIL back is ended with a forced unwind, which
+    torch's C++ frames turn into an abort ("terminate called without an active exception").
+    Breaking the barrier stops each replica at its next collective (one not yet started
+    starts and stops there); the replica running keeps the turn until then, so this waits
+    at most for the op in progress and the ops up to that collective.
     """
     comm.abort(interruption)
-    for t in threads:
-        t.join()
+    _wait_for(done, threads)
     comm._barrier.reset()
     comm._failure = None

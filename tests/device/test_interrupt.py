@@ -65,6 +65,46 @@ def test_an_interrupted_replicated_run_stops_its_replica_threads_and_the_session
         assert_close(session.run()[out], expected)  # the barrier is usable again
 
 
+def _interrupt_main_when(event: threading.Event) -> threading.Thread:
+    """Send a real SIGINT to the main thread once ``event`` is set (a blocked wait wakes)."""
+    def send() -> None:
+        event.wait()
+        time.sleep(0.05)  # the caller is waiting by now
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    return sender
+
+
+@pytest.mark.parametrize("attempt", range(4))
+def test_ctrl_c_while_waiting_for_the_replicas_returns_only_after_every_replica_has_finished(attempt):
+    """After a collective, replica 0 runs a long op and replica 1 returns; Ctrl-C lands
+    while the caller waits. ``run_replicas`` raises only once replica 0's op has returned.
+    (Waiting with ``Thread.join`` it did not, whenever replica 1 took the turn first: in
+    Python 3.11 an interrupted ``join`` marks the running thread stopped.)"""
+    from ipuxl.device.replicas import Communicator, run_replicas
+
+    comm = Communicator(2, [0, 1])
+    long_op_started, finished = threading.Event(), []
+
+    def work(i: int):
+        def run() -> None:
+            comm.exchange(i, torch.ones(2), lambda tensors, replicas: [sum(tensors)] * len(replicas))
+            if i == 0:
+                long_op_started.set()
+                time.sleep(0.4)  # no collective after it: breaking the barrier does not stop it
+            finished.append(i)
+        return run
+
+    sender = _interrupt_main_when(long_op_started)
+    with pytest.raises(KeyboardInterrupt):
+        run_replicas(comm, [work(0), work(1)])
+    sender.join()
+    assert sorted(finished) == [0, 1]
+    assert _replica_threads() == []
+
+
 def _checkpoint_after_ctrl_c(checkpoint: str) -> None:
     """The reported program: PopTorch training with 2 in-process replicas, Ctrl-C caught."""
     import ipuxl.compat
