@@ -34,6 +34,7 @@ from torch.utils import _pytree as pytree
 
 from ipuxl.capture.arguments import flatten_call
 from ipuxl.capture.dropout import SEED_DTYPE, SEED_SHAPE
+from ipuxl.capture.module_state import call_with_state
 from ipuxl.capture.grad_mode import REQUIRES
 from ipuxl.capture.mode import CaptureMode, active_mode, capturing
 from ipuxl.capture.nodes import output_nodes, spec_of
@@ -266,7 +267,7 @@ def discover_blocks(module: torch.nn.Module, args: tuple, kwargs: dict | None,
         with torch.no_grad(), fake_mode:
             mode = CaptureMode(torch.zeros(SEED_SHAPE, dtype=SEED_DTYPE))
             with capturing(mode), outlined_blocks(candidates, blocks, found):
-                torch.func.functional_call(module, state, fake_args, fake_kwargs, tie_weights=True, strict=False)
+                call_with_state(module, state, fake_args, fake_kwargs)
         complete = True
     except Exception:  # noqa: BLE001 - an op without a fake kernel, data-dependent code...: the trace retries
         pass

@@ -50,6 +50,7 @@ from ipuxl.capture.runtime_checks import materialize_checks
 from ipuxl.capture.grad_mode import GradTracker
 from ipuxl.capture.matmuls import fold_broadcast_matmuls
 from ipuxl.capture.mode import CaptureMode, Precision, capturing, find_loss
+from ipuxl.capture.module_state import call_with_state
 from ipuxl.capture.mutations import extract_mutations
 from ipuxl.capture.node_sources import recording_sources
 from ipuxl.capture.outputs import flatten_objects
@@ -311,8 +312,8 @@ def _functional_forward(module: torch.nn.Module, call: FlatCall, params: dict[st
         if training:
             _hook_parameters(params, dict(zip(p_names, p_vals)))
         with grad_mode, capturing(mode), outlined_blocks(candidates, blocks), recording_sources():
-            out = torch.func.functional_call(module, {**dict(zip(p_names, p_vals)), **dict(zip(b_names, b_vals))},
-                                             call_args, call_kwargs, tie_weights=True, strict=False)
+            out = call_with_state(module, {**dict(zip(p_names, p_vals)), **dict(zip(b_names, b_vals))},
+                                  call_args, call_kwargs)
         # a forward that returns nothing (it only updates its inputs in place) has no outputs
         flat, record.out_spec = pytree.tree_flatten(flatten_objects(() if out is None else out))
         bad = [type(v).__name__ for v in flat if not isinstance(v, torch.Tensor)]
