@@ -180,6 +180,8 @@ def _region(graph: Graph, nodes: list[fx.Node], returned: set[fx.Node]) -> _Regi
                 written.add(r[1])
             written_refs.append(r)
         pattern.append((tuple(refs), tuple(metas), tuple(written_refs)))
+    if any(not isinstance(e.meta.get("val"), torch.Tensor) for e in externals):
+        return None  # starts at the items of a call outside it: the call's tuple is no graph input
     used_outside = set()
     for j, n in enumerate(nodes):
         if n in returned or any(u not in offset for u in n.users):

@@ -172,3 +172,39 @@ def test_small_repeats_stay_inline_by_default():
     assert outline_graph(ir.main_graph) == []
     assert len(outline_graph(ir.main_graph, min_savings=0)) == 1
     verify_ir(ir)
+
+
+def test_repeats_are_not_cut_between_a_call_and_its_items():
+    """Each block reads the two outputs of a called graph; the first block's graph differs, so
+    the repeats line up as [items of the previous call, ops, next call]: a region that started
+    at the ``getitem``s of a call outside it took the call's tuple as an input (AttributeError
+    in timm's EfficientFormerV2, whose blocks read their grad graphs' outputs). The results
+    stay those of the inline program."""
+    def build():
+        ir = ipuxl.Ir()
+        with ir.main_graph:
+            x_s = ipuxl.h2d_stream((4, 8), F32, "x")
+            x = ops.host_load(x_s)
+            weights = []
+            first = ir.create_graph(lambda t: (ops.tanh(t) * 2.0, ops.exp(t) * 2.0), x)
+            g = ir.create_graph(lambda t: (ops.tanh(t), ops.exp(t)), x)
+            for i in range(4):  # the first block calls another graph: the repeats start after its call
+                a, b = ops.call(first if i == 0 else g, x)
+                w = ipuxl.variable(np.full((8, 8), 0.05 * (i + 1), np.float32), F32, name=f"w{i}")
+                weights.append(w)
+                x = ops.gelu(a @ w) + b * 0.01
+            y_s = ipuxl.d2h_stream(x.shape, x.dtype, "y")
+            ops.host_store(y_s, x)
+        return ir, x_s, y_s, weights
+
+    data = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
+    reference = _run(*build(), data)
+    ir, x_s, y_s, weights = build()
+    summary = outline_ir(ir, min_savings=0, min_ops=2)
+    verify_ir(ir)
+    assert len(summary.graphs) == 1  # the blocks, lined up where no call's items are cut off
+    calls = [n for n in ir.main_graph.fx.nodes if n.target.__class__ is CallTarget
+             and n.target.graph is summary.graphs[0]]
+    assert len(calls) == 3
+    y, _ = _run(ir, x_s, y_s, weights, data)
+    np.testing.assert_array_equal(y, reference[0])
