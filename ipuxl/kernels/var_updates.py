@@ -29,9 +29,10 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float))
 
 
-def _f32(f: Any) -> Any:
-    """A Python-number factor rounded to float32, as PopART stores optimiser values."""
-    return float(np.float32(f)) if _is_number(f) else f
+def _factor(f: Any, dtype: torch.dtype) -> Any:
+    """A Python-number factor rounded to float32, as PopART stores optimiser values; kept
+    whole for float64 tensors (no IPU has them: eager PyTorch's double precision applies)."""
+    return float(np.float32(f)) if _is_number(f) and dtype != torch.float64 else f
 
 
 def accumulate_(t: torch.Tensor, x: torch.Tensor, f: Any) -> torch.Tensor:
@@ -51,8 +52,8 @@ def accumulate_square_(t: torch.Tensor, x: torch.Tensor, f: Any) -> torch.Tensor
 
 
 def moving_average_(t: torch.Tensor, x: torch.Tensor, f: Any) -> torch.Tensor:
-    """``t = f * t + (1 - f) * x`` (a number ``f`` rounded to float32)."""
-    x, f = x.to(t.dtype), _f32(f)
+    """``t = f * t + (1 - f) * x`` (a number ``f`` rounded to float32 unless ``t`` is float64)."""
+    x, f = x.to(t.dtype), _factor(f, t.dtype)
     if _is_number(f):
         return t.lerp_(x, 1 - f)  # one pass: t + (1 - f) * (x - t)
     t.mul_(f)
@@ -60,8 +61,8 @@ def moving_average_(t: torch.Tensor, x: torch.Tensor, f: Any) -> torch.Tensor:
 
 
 def moving_average_square_(t: torch.Tensor, x: torch.Tensor, f: Any) -> torch.Tensor:
-    """``t = f * t + (1 - f) * x**2`` (a number ``f`` rounded to float32)."""
-    x, f = x.to(t.dtype), _f32(f)
+    """``t = f * t + (1 - f) * x**2`` (a number ``f`` rounded to float32 unless ``t`` is float64)."""
+    x, f = x.to(t.dtype), _factor(f, t.dtype)
     t.mul_(f)
     return t.addcmul_(x, x, value=1 - f) if _is_number(f) else t.add_(x * x * (1 - f))
 

@@ -121,7 +121,7 @@ class Program:
     params: dict[str, Variable]
     buffers: dict[str, Variable]
     states: dict[tuple[str, str], Variable] = field(default_factory=dict)
-    # variable hyperparameters: (param group, rules' name) -> float32 scalar variable
+    # variable hyperparameters: (param group, rules' name) -> scalar variable (float64 for float64 groups)
     hypers: dict[tuple[int, str], Variable] = field(default_factory=dict)
     loss_scaling: Variable | None = None  # the loss scaling, when variable
     trained: list[str] = field(default_factory=list)
@@ -156,10 +156,10 @@ def hyper_values(program: Program, plans: list[ParamPlan]) -> dict[Variable, np.
     """The values ``plans`` give the program's hyperparameter variables (for
     ``Session.write_variables_data``)."""
     by_group = {plan.group: plan for plan in plans}
-    values = {var: np.float32(by_group[group].hypers[name]) for (group, name), var in program.hypers.items()}
+    values = {var: by_group[group].hypers[name] for (group, name), var in program.hypers.items()}
     if program.loss_scaling is not None and plans:
-        values[program.loss_scaling] = np.float32(plans[0].loss_scaling)
-    return {var: np.asarray(value, np.float32) for var, value in values.items()}
+        values[program.loss_scaling] = plans[0].loss_scaling
+    return {var: np.asarray(value, to_numpy_dtype(var.spec.dtype)) for var, value in values.items()}
 
 
 def build_program(ir: Ir, traced: TracedModule, forward: Graph, gradients: Gradients | None, *,
@@ -376,14 +376,18 @@ def _step_seeds(seed: Tensor | None, count: int) -> list[Tensor | None]:
 
 def _add_optimizer_variables(program: Program, plans: list[ParamPlan],
                              initial: dict[tuple[str, str], np.ndarray]) -> None:
-    """A float32 variable per variable hyperparameter of each param group (and for the
-    loss scaling when variable), and the state variables of each trained parameter's
-    update rule (started from ``initial``, else zeros)."""
+    """A scalar variable per variable hyperparameter of each param group (float32; float64
+    for a group with float64 parameters, whose eager update takes the Python number in
+    double precision), one for the loss scaling when variable, and the state variables of
+    each trained parameter's update rule (started from ``initial``, else zeros)."""
+    doubles = {plan.group for plan in plans
+               if plan.name in program.params and program.params[plan.name].spec.dtype == torch.float64}
     for plan in plans:
+        dtype = torch.float64 if plan.group in doubles else torch.float32
         for name in sorted(plan.variable & plan.hypers.keys()):
             if (plan.group, name) not in program.hypers:
-                program.hypers[(plan.group, name)] = variable(np.float32(plan.hypers[name]), torch.float32,
-                                                              name=f"optimizer.group{plan.group}.{name}")
+                program.hypers[(plan.group, name)] = variable(np.asarray(plan.hypers[name], to_numpy_dtype(dtype)),
+                                                              dtype, name=f"optimizer.group{plan.group}.{name}")
     if plans and "loss_scaling" in plans[0].variable:
         program.loss_scaling = variable(np.float32(plans[0].loss_scaling), torch.float32,
                                         name="optimizer.loss_scaling")
