@@ -19,9 +19,9 @@ setup(
     packages=find_packages(include=["ipuxl", "ipuxl.*"]),
     python_requires=">=3.10",
     install_requires=[f"torch=={TESTED_TORCH}", f"torchvision=={TESTED_TORCHVISION}", "numpy", "tqdm"],
-    # mypy: .ci/run type-checks ipuxl/; transformers: Hugging Face models the capture tests train
+    # mypy: .ci/run type-checks ipuxl/; transformers, timm: Hugging Face models the capture tests train
     # (tests/apps makes its own venv with the older release Graphcore's applications pin; so do the
     # PopTorch clients' tests, tests/poptorch_compat/clients: pytorch-lightning 2.0 needs setuptools<81
     # and optimum-graphcore pins transformers 4.29.2, neither of which can sit beside these packages)
-    extras_require={"test": ["pytest", "mypy==2.4.1", "transformers==5.24.0"]},
+    extras_require={"test": ["pytest", "mypy==2.4.1", "transformers==5.24.0", "timm==1.0.31"]},
 )
