@@ -230,8 +230,9 @@ def run(opts: argparse.Namespace, optimiser: Optimiser,
         train_loader, test_loader, _ = mnist_loaders(opts.batch_size, opts.test_batch_size, opts.data_dir,
                                                      seed=opts.seed, verbose=False)
         eager = eager_reference(initial, train_loader, test_loader, opts.epochs, make_eager_optimizer)
-        name = type(make_eager_optimizer([torch.zeros(1, requires_grad=True)])).__name__
-        print(f"Eager PyTorch test accuracy (same seed, init and data order; torch.optim.{name}): {eager:.2f}%")
+        kind = type(make_eager_optimizer([torch.zeros(1, requires_grad=True)]))
+        name = f"torch.optim.{kind.__name__}" if kind.__module__.startswith("torch.optim") else kind.__name__
+        print(f"Eager PyTorch test accuracy (same seed, init and data order; {name}): {eager:.2f}%")
     return Result(result, eager)
 
 

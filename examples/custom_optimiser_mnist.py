@@ -68,9 +68,34 @@ def adam_step(variables: addons.NamedTensors, grads: Dict[ipuxl.Tensor, ipuxl.Te
     optimiser_step(variables, grads, Adam(cache=True), lr)
 
 
+class EagerAdam(torch.optim.Optimizer):
+    """The eager reference: the ``Adam`` Module's update in torch, as built above (no bias
+    correction, eps 1e-5, a float16 first moment, factors rounded to float32 as PopART
+    stores them). torch.optim.Adam is another algorithm (bias-corrected, eps 1e-8): its
+    accuracy differs by more than the comparison's point on some machines."""
+
+    def __init__(self, params, lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-5):
+        super().__init__(params, dict(lr=lr, beta1=float(np.float32(beta1)), beta2=float(np.float32(beta2)), eps=eps))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["first_order"] = torch.zeros_like(p, dtype=torch.float16)
+                    state["second_order"] = torch.zeros_like(p, dtype=torch.float32)
+                m, v, g = state["first_order"], state["second_order"], p.grad
+                m.lerp_(g.to(m.dtype), 1 - group["beta1"])
+                v.mul_(group["beta2"]).addcmul_(g, g, value=1 - group["beta2"])
+                p.sub_(group["lr"] * (m.float() / (v.sqrt() + group["eps"])))
+
+
 def main(argv: list[str] | None = None) -> Result:
     opts = parse_args(argv, 1e-3, "Custom Adam optimiser MNIST (seed 004) on ipuxl")
-    return run(opts, adam_step, lambda params: torch.optim.Adam(params, lr=opts.lr))
+    return run(opts, adam_step, lambda params: EagerAdam(params, lr=opts.lr))
 
 
 if __name__ == "__main__":
