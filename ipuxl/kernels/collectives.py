@@ -26,7 +26,7 @@ from ipuxl.errors import AutodiffError, ReplicationError
 from ipuxl.ir.replica_grouping import ReplicaGrouping
 
 __all__ = [
-    "Combine", "Exchange", "current_replica", "running_as", "REDUCTIONS",
+    "Combine", "Exchange", "current_replica", "member_index", "running_as", "REDUCTIONS",
     "all_reduce", "all_reduce_", "reduce_scatter", "all_gather", "all_gather_grad", "differentiable_all_gather",
     "all_reduce_ipus", "IPU_REDUCE_MODES",
 ]
@@ -51,6 +51,14 @@ _RUNNING = threading.local()
 def current_replica() -> tuple[Exchange | None, int]:
     """The exchange and global replica index of the running thread ((None, 0) outside any replica)."""
     return getattr(_RUNNING, "exchange", None), getattr(_RUNNING, "replica", 0)
+
+
+def member_index(stride: int, group_size: int) -> int:
+    """This replica's position in its group of ``(stride, group_size)`` (0 outside any replica)."""
+    exchange, replica = current_replica()
+    if exchange is None or group_size == 1:
+        return 0
+    return ReplicaGrouping(exchange.replication_factor, stride, group_size).members(replica).index(replica)
 
 
 @contextlib.contextmanager
@@ -184,9 +192,10 @@ def all_gather(t: torch.Tensor, axis: int, mode: str, stride: int, group_size: i
 
 # -- the differentiable all-gather ----------------------------------------------------------------
 # ``all_gather`` as a torch custom op (one node when traced, whatever the exchange) with an
-# ``autograd.Function`` whose backward is a reduce-scatter (sum) of the gradient, as PopXL
-# differentiates it: replica i's input reached every replica's output, so its gradient is
-# the sum over replicas of their output gradients' slice i.
+# ``autograd.Function`` whose backward is PopXL's: each replica takes its own slice (or shard,
+# for ``meta_shape``) of its own output gradient (a replicated slice; PopART's ``Local``
+# reduce-scatter), not summed over the replicas. That is the true gradient when every replica's
+# output gradient is the same; popxl.addons reduce-scatters the gradients of sharded weights itself.
 def _gather_shape(shape: list[int], axis: int, mode: str, group_size: int, meta_shape: list[int]) -> list[int]:
     if mode == "new_axis" or not shape:
         return [group_size, *shape]
@@ -209,15 +218,21 @@ def _(t: torch.Tensor, axis: int, mode: str, stride: int, group_size: int, meta_
 
 def all_gather_grad(dy: torch.Tensor, axis: int, mode: str, stride: int, group_size: int,
                     in_shape: list[int]) -> torch.Tensor:
-    """The gradient of ``all_gather`` for this replica's input: the sum over the group's
-    replicas of their ``dy``'s slice for this member (a reduce-scatter of ``dy``)."""
-    concat = mode == "concat" and len(in_shape) > 0
-    moved = dy.movedim(axis, 0) if concat else dy
-    shard = reduce_scatter(moved.contiguous(), "add", stride, group_size)
-    if concat:
-        shape = [in_shape[axis % len(in_shape)]] + [d for i, d in enumerate(in_shape) if i != axis % len(in_shape)]
-        return shard.reshape(shape).movedim(0, axis)
-    return shard.reshape(in_shape)
+    """The gradient of ``all_gather`` for this replica's input, as PopXL defines it: this member's
+    own part of its own ``dy``, with no communication (a replicated slice: PopART's reduce-scatter
+    with the ``Local`` operator). Nothing is summed over the group: where the replicas' ``dy``
+    differ and the sum is wanted, reduce them (``replicated_reduce_scatter``) instead."""
+    index = member_index(stride, group_size)
+    if mode == "meta_shape":  # this member's 1-D shard of the flattened, zero-padded dy
+        flat = dy.reshape(-1)
+        size = -(-flat.numel() // group_size)
+        if size * group_size > flat.numel():
+            flat = torch.nn.functional.pad(flat, (0, size * group_size - flat.numel()))
+        return flat[index * size:(index + 1) * size].reshape(in_shape).clone()
+    if mode == "new_axis" or len(in_shape) == 0:  # scalars are gathered along a new axis
+        return dy.select(0, index).clone()
+    size = in_shape[axis % len(in_shape)]
+    return dy.narrow(axis, index * size, size).clone()
 
 
 @torch.library.custom_op("ipuxl::all_gather_grad", mutates_args=())
@@ -250,7 +265,7 @@ class _AllGather(torch.autograd.Function):
 
 def differentiable_all_gather(t: torch.Tensor, axis: int, mode: str, stride: int, group_size: int,
                               meta_shape: tuple[int, ...] = ()) -> torch.Tensor:
-    """``all_gather`` with a gradient (a reduce-scatter), traceable as one node."""
+    """``all_gather`` with a gradient (this member's slice of the output gradient), traceable as one node."""
     if t.requires_grad:
         return _AllGather.apply(t, axis, mode, stride, group_size, list(meta_shape))
     return torch.ops.ipuxl.all_gather(t, axis, mode, stride, group_size, list(meta_shape))

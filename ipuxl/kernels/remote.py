@@ -19,7 +19,6 @@ from typing import Any, Iterator
 
 import torch
 
-from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.kernels import collectives
 
 __all__ = [
@@ -81,28 +80,19 @@ def remote_code_load(graph_name: str, destination: str) -> None:
 
 
 # -- the slices ------------------------------------------------------------------------------------
-def _my_index(stride: int, group_size: int) -> int:
-    """This replica's position in its group (0 outside any replica)."""
-    exchange, replica = collectives.current_replica()
-    if exchange is None or group_size == 1:
-        return 0
-    grouping = ReplicaGrouping(exchange.replication_factor, stride, group_size)
-    return grouping.members(replica).index(replica)
-
-
 def _sharded_slice(t: torch.Tensor, stride: int, group_size: int) -> torch.Tensor:
     flat = t.reshape(-1)
     size = -(-flat.numel() // group_size)
     pad = size * group_size - flat.numel()
     if pad:
         flat = torch.nn.functional.pad(flat, (0, pad))
-    index = _my_index(stride, group_size)
+    index = collectives.member_index(stride, group_size)
     return flat[index * size:(index + 1) * size].clone()
 
 
 def _axis_slice(t: torch.Tensor, axis: int, stride: int, group_size: int) -> torch.Tensor:
     size = t.shape[axis] // group_size
-    return t.narrow(axis, _my_index(stride, group_size) * size, size).clone()
+    return t.narrow(axis, collectives.member_index(stride, group_size) * size, size).clone()
 
 
 @torch.library.custom_op("ipuxl::replica_sharded_slice", mutates_args=())

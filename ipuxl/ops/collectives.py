@@ -27,6 +27,7 @@ from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.ir.tensor import Tensor
 from ipuxl.kernels import collectives as kernels
 from ipuxl.kernels import remote as remote_kernels
+from ipuxl.ops import shape as shape_ops
 
 __all__ = ["replicated_all_reduce", "replicated_all_reduce_", "replicated_reduce_scatter",
            "replicated_all_gather", "CollectiveOps", "replica_sharded_slice", "replicated_slice", "check_group",
@@ -122,8 +123,10 @@ def replicated_all_gather(t: Tensor, axis: int = 0, group: ReplicaGrouping | Non
     As in PopXL 3.0-3.2, a ``ReplicaGrouping`` in second place is the group (their signature
     was ``(t, group)``), so programs written for either signature run.
 
-    Differentiable, as in PopXL: ``transforms.autodiff`` turns it into a reduce-scatter
-    (sum) of the output gradient, each replica getting its own input's share.
+    Differentiable, as in PopXL: ``transforms.autodiff`` turns it into a replicated slice, each
+    replica taking its own input's part (its shard, for ``meta_shape``) of its own output
+    gradient. It is not summed over the replicas: where their gradients differ and the sum is
+    wanted, reduce-scatter the full gradient (``replicated_reduce_scatter``), as popxl.addons does.
     """
     axis, group = _axis_and_group("replicated_all_gather", axis, group)
     g = _check("replicated_all_gather", t, None, group)
@@ -186,6 +189,8 @@ def replica_sharded_slice(t: Tensor, group: ReplicaGrouping | None = None) -> Te
 def replicated_slice(t: Tensor, axis: int = 0, group: ReplicaGrouping | None = None) -> Tensor:
     """This replica's ``1 / group_size`` part of ``t`` along ``axis`` (member ``i`` gets the ``i``-th).
 
+    Where the part is one row (``t.shape[axis] == group_size``) the axis is dropped, as in PopXL.
+
     Raises:
         ShapeMismatchError: ``t.shape[axis]`` is not a multiple of the group size.
     """
@@ -202,8 +207,17 @@ def replicated_slice(t: Tensor, axis: int = 0, group: ReplicaGrouping | None = N
             fix="slice along an axis whose size the group size divides, or use replica_sharded_slice (pads)")
     shape = list(t.shape)
     shape[axis] //= g.group_size
-    return emit("replicated_slice", remote_kernels.replicated_slice, (t, axis, g.stride, g.group_size),
-                meta_fn=lambda x, *_: torch.empty(shape, dtype=x.dtype, device="meta"), name=f"{t.name}_sliced")
+    out: Tensor = emit("replicated_slice", remote_kernels.replicated_slice, (t, axis, g.stride, g.group_size),
+                       meta_fn=lambda x, *_: torch.empty(shape, dtype=x.dtype, device="meta"),
+                       name=f"{t.name}_sliced")
+    if shape[axis] != 1:
+        return out
+    # As PopXL: where each member gets one row the axis is dropped, and for axis > 0 the remaining
+    # axes come back in the order of PopXL's rearrangement (its first remaining axis moved to ``axis``)
+    out = shape_ops.reshape(out, [d for i, d in enumerate(shape) if i != axis])
+    order = list(range(1, out.rank))
+    order.insert(min(axis, len(order)), 0)
+    return out if axis == 0 or order == sorted(order) else shape_ops.transpose(out, order)
 
 
 # -- across the IPUs of one replica ------------------------------------------------------------------

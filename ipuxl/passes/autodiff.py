@@ -146,7 +146,7 @@ def autodiff(graph: Graph, grads_provided: Iterable[Tensor] | None = None,
     return {graph: info, **_differentiated_callees(graph)}
 
 
-#: Collectives with a gradient rule (``replicated_all_gather``: a reduce-scatter, as in PopXL;
+#: Collectives with a gradient rule (``replicated_all_gather``: a replicated slice, as in PopXL;
 #: popxl.addons' ``replicated_all_reduce_TP``: see ``ipuxl.kernels.tp_collectives``).
 DIFFERENTIABLE_COLLECTIVES = ("replicated_all_gather", "replicated_all_reduce_TP")
 

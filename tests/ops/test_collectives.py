@@ -339,7 +339,9 @@ def test_a_collective_inside_a_conditional_branch(flag):
 
 
 @pytest.mark.parametrize("mode, axis", [("concat", 0), ("concat", 1), ("new_axis", 0)])
-def test_all_gather_gradient_is_a_reduce_scatter(mode, axis):
+def test_all_gather_gradient_is_each_replicas_slice_of_its_own_gradient(mode, axis):
+    """PopXL's rule: the gradient of replicated_all_gather is a replicated slice (PopART's Local
+    reduce-scatter), not a sum over the replicas; the replicas' output gradients differ here."""
     replicas = 2
     x = randn((replicas, 2, 3))  # per replica
     dy_shape = (replicas, 2, 3)[1:]
@@ -366,12 +368,35 @@ def test_all_gather_gradient_is_a_reduce_scatter(mode, axis):
     with ipuxl.Session(ir, "cpu") as session:
         got = session.run({xs: x, dys: dy})
 
-    xt, dyt, ct = (torch.from_numpy(a).requires_grad_(i == 0) for i, a in enumerate((x, dy, scale)))
+    xt, dyt, ct = (torch.from_numpy(a) for a in (x, dy, scale))
     gathered = torch.stack(list(xt)) if mode == "new_axis" else torch.cat(list(xt), axis)
-    y = gathered * ct  # every replica computes the same y from all inputs
-    (expected_dx,) = torch.autograd.grad([y] * replicas, [xt], list(dyt))
-    torch.testing.assert_close(torch.from_numpy(got[outs["y"]]), torch.stack([y.detach()] * replicas))
+    torch.testing.assert_close(torch.from_numpy(got[outs["y"]]), torch.stack([gathered * ct] * replicas))
+    d_gathered = dyt * ct  # each replica's gradient of its own gathered tensor
+    expected_dx = torch.stack([d_gathered[r].select(0, r) if mode == "new_axis"
+                               else d_gathered[r].narrow(axis, 2 * r if axis == 0 else 3 * r, 2 if axis == 0 else 3)
+                               for r in range(replicas)])
     torch.testing.assert_close(torch.from_numpy(got[outs["dx"]]), expected_dx)
+
+
+def test_all_gather_gradient_of_the_same_output_gradient_is_the_input_as_in_popxl():
+    """Upstream's own check: gather x over 4 replicas, feed the gathered tensor back as every
+    replica's gradient: each replica's dx is its own x (a sum would give 4 x)."""
+    replicas = 4
+    x = randn((replicas, 4, 3))
+    ir = ipuxl.Ir(replication=replicas)
+    group = ir.replica_grouping(group_size=replicas)
+    with ir.main_graph:
+        xv = ipuxl.variable(x, ipuxl.float64, name="x", replica_grouping=group.transpose())
+        graph = ir.create_graph(lambda t: ops.collectives.replicated_all_gather(t, output_shape="new_axis",
+                                                                                group=group), xv)
+        info = ipuxl.transforms.autodiff(graph)
+        (y,) = ops.call(graph, xv)
+        (dx,) = ops.call(info.graph, y)
+        out = ipuxl.d2h_stream(dx.shape, dx.dtype, "dx")
+        ops.host_store(out, dx)
+    with ipuxl.Session(ir, "cpu") as session:
+        got = session.run()[out]
+    np.testing.assert_array_equal(got, x)
 
 
 def test_autodiff_still_refuses_other_collectives():
@@ -470,3 +495,41 @@ def test_all_reduce_across_ipus_has_a_gradient_only_for_add():
     graph = ir.create_graph(lambda x, y: tuple(ops.collectives.all_reduce([x, y], ipus=[0, 1], op="max")), spec, spec)
     with pytest.raises(ValueError, match="only 'add' is supported by autodiff"):
         ipuxl.transforms.autodiff(graph)
+
+
+@pytest.mark.parametrize("axis, expected", [
+    (0, lambda x, r: x[r]),           # (4, 2, 3) -> (2, 3): the sliced axis is dropped
+    (1, lambda x, r: x[:, r, :].T),   # (2, 4, 3) -> (3, 2): PopXL moves the first remaining axis to `axis`
+    (2, lambda x, r: x[:, :, r].T),   # (2, 3, 4) -> (3, 2): (its `_rearrange_output` on the shorter shape)
+])
+def test_replicated_slice_of_one_row_per_member_drops_the_axis_as_popxl(axis, expected):
+    replicas = 4
+    shape = [2, 3]
+    shape.insert(axis, replicas)
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    got = _run(replicas, lambda ir, t: ops.collectives.replicated_slice(t, axis=axis),
+               np.broadcast_to(x, (replicas, *shape)).copy())
+    for r in range(replicas):
+        np.testing.assert_array_equal(got[r], expected(x, r))
+
+
+def test_replicated_slice_of_one_row_per_member_has_the_all_gather_gradient():
+    """Upstream's check: slice (4, 4, 3) over 4 replicas to (4, 3) each, feed the slice back as the
+    gradient: the gradient all-gathers every member's slice into the whole tensor."""
+    replicas = 4
+    x = randn((replicas, 4, 3))
+    ir = ipuxl.Ir(replication=replicas)
+    with ir.main_graph:
+        xv = ipuxl.variable(x, ipuxl.float64, name="x")
+        graph = ir.create_graph(lambda t: ops.collectives.replicated_slice(t, group=ir.replica_grouping()), xv)
+        info = ipuxl.transforms.autodiff(graph)
+        (y,) = ops.call(graph, xv)
+        (dx,) = ops.call(info.graph, y)
+        assert y.shape == (4, 3) and dx.shape == (4, 4, 3)
+        outs = {name: ipuxl.d2h_stream(t.shape, t.dtype, name) for name, t in (("y", y), ("dx", dx))}
+        ops.host_store(outs["y"], y)
+        ops.host_store(outs["dx"], dx)
+    with ipuxl.Session(ir, "cpu") as session:
+        got = session.run()
+    np.testing.assert_array_equal(got[outs["y"]], x)
+    np.testing.assert_array_equal(got[outs["dx"]][0], x)
