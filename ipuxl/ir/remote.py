@@ -432,6 +432,11 @@ def _new_remote_variable(what: str, data: Any, buffer: Any, offset: int, dtype: 
     buffer.check_offset(offset, f"{what} '{name or 'variable'}'")
     array, torch_dtype = host_array(data, dtype, downcast, f"{what} '{name or 'variable'}'")
     full = _full_shape(array, ir, name or "variable", grouping, retrieval_mode, shard_over is not None)
+    if (not shard_over and full == (1, *buffer.tensor_shape)
+            and (grouping is None or grouping.num_groups == 1)):
+        # one group's data stacked on its group axis of size 1 (as for several groups): PopXL takes it
+        array = array.reshape(buffer.tensor_shape)
+        full = buffer.tensor_shape
     slot = (shard_size(math.prod(full), shard_over),) if shard_over else full
     if slot != buffer.tensor_shape or dtypes.public(torch_dtype) != buffer.tensor_dtype:
         sharded = f" sharded over {shard_over} replicas: {slot}" if shard_over else ""

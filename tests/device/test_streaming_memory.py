@@ -212,6 +212,25 @@ def test_scalar_remote_variables_with_one_value_per_group():
     assert_close(session.get_tensor_data(step), np.array([2.0, 3.0], np.float32))
 
 
+@pytest.mark.parametrize("grouping", [None, "one group"])
+def test_one_groups_data_may_keep_its_group_axis_of_size_one(grouping):
+    """Data built as (num_groups, *shape) for any grouping (PopXL's own grouping tests do) is
+    taken for a single group too: the leading axis of size 1 is the group's."""
+    ir = ipuxl.Ir(replication=4)
+    group = ir.replica_grouping(group_size=4) if grouping else None
+    data = np.arange(6, dtype=np.float32).reshape(1, 2, 3)
+    with ir.main_graph:
+        buffer = ipuxl.remote_buffer((2, 3), F32, entries=1)
+        w = ipuxl.remote_variable(data, buffer, 0, name="w", replica_grouping=group)
+        ops.remote_store(buffer, 0, ops.remote_load(buffer, 0) + 1.0)
+        assert w.shape == (2, 3)
+        with pytest.raises(ShapeMismatchError, match=r"data \(2, 2, 3\) float32 does not match"):
+            ipuxl.remote_variable(np.zeros((2, 2, 3), np.float32), ipuxl.remote_buffer((2, 3), F32), 0)
+    with ipuxl.Session(ir, "cpu") as session:
+        session.run()
+    assert_close(session.get_tensor_data(w), data[0] + 1.0)
+
+
 def test_buffers_changed_after_the_session_was_created_are_refused():
     ir = ipuxl.Ir()
     with ir.main_graph:
