@@ -1,6 +1,8 @@
 """``DotTree``: a tree of named values addressed with dotted keys (popxl.addons' container).
 
-Reproduces upstream's behaviour: ``insert("fc1.weight", v)`` builds nested trees,
+Reproduces upstream's behaviour: ``insert("fc1.weight", v)`` builds nested trees (a
+second ``insert("fc1.bias", v)`` raises, as upstream's: ``fc1`` exists; pass
+``overwrite=True`` to merge, or build with ``from_dict``),
 ``to_dict`` flattens them back to dotted keys, numeric keys are allowed, ``unpack``
 sorts by key, and ``NamedVariableFactories.init`` relies on sorted key order.
 Differs from upstream in one guardrail: ``to_mapping`` between trees that share no
@@ -11,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Generic, Iterable, TypeVar
 
-from ipuxl.errors import InvalidArgumentError, NameConflictError
+from ipuxl.errors import InvalidArgumentError, InvalidValueError, NameConflictError
 
 __all__ = ["DotTree", "to_mapping", "sanitise", "clear_leaves"]
 
@@ -90,13 +92,22 @@ class DotTree(Generic[L]):
 
     # -- building -------------------------------------------------------------------
     def insert(self, key: str | int, value: Any, overwrite: bool = False) -> None:
-        """Set ``key`` (dots make nested trees). An existing key raises unless ``overwrite``."""
+        """Set ``key``; dots make nested trees. As upstream, the first part of a dotted key
+        must be new too: ``insert("a.c", v)`` when ``a`` exists raises unless ``overwrite``,
+        which merges into the existing subtree (replacing a leaf on the way).
+
+        Raises:
+            InvalidValueError: (a ValueError) a negative int key, or a part of the key that is
+                neither a Python identifier nor a number.
+            NameConflictError: (a ValueError) the key's first part exists and not ``overwrite``.
+        """
         if isinstance(key, int):
             if key < 0:
-                raise InvalidArgumentError(f"numeric key cannot be negative: {key}")
+                raise InvalidValueError(f"{type(self).__name__}.insert: numeric key cannot be negative: {key}",
+                                        fix="use a key >= 0 (a negative key only reads from the end, in get)")
             key = str(key)
         head, _, rest = key.partition(".")
-        self._validate_key(head, overwrite or bool(rest and isinstance(self._map.get(head), DotTree)))
+        self._validate_key(head, overwrite)
         if not rest:
             self._map[head] = value
             return
@@ -126,10 +137,10 @@ class DotTree(Generic[L]):
     def _validate_key(self, key: str, overwrite: bool) -> None:
         if not overwrite and key in self._map:
             raise NameConflictError(f"'{key}' already exists in this {type(self).__name__}",
-                                    fix="use another name, or pass overwrite=True to replace it")
+                                    fix="use another name, or pass overwrite=True to replace or merge into it")
         if not key.isnumeric() and not key.isidentifier():
-            raise InvalidArgumentError(f"'{key}' is not a valid Python identifier or number",
-                                       fix=f"use e.g. '{sanitise(key)}'")
+            raise InvalidValueError(f"'{key}' is not a valid Python identifier or number",
+                                    fix=f"use e.g. '{sanitise(key)}'")
 
     # -- views ----------------------------------------------------------------------
     def keys(self) -> list[str]:
@@ -162,10 +173,22 @@ class DotTree(Generic[L]):
 
     @classmethod
     def from_dict(cls: type[CLS], d: dict[Any, Any]) -> CLS:
-        """Build a tree from ``{dotted key: leaf}``."""
+        """Build a tree from ``{dotted key: leaf}``: keys sharing a first part share a subtree.
+
+        Raises:
+            NameConflictError: a key is given twice, or names a leaf and a subtree.
+        """
         tree = cls()
         for key, value in d.items():
-            tree.insert(str(key), value)
+            *path, last = str(key).split(".")
+            node: DotTree[Any] = tree
+            for part in path:
+                child = node._map.get(part)
+                if not isinstance(child, DotTree):
+                    child = cls()
+                    node.insert(part, child)
+                node = child
+            node.insert(last, value)
         return tree
 
     def filter_keys(self: CLS, keys: Iterable[str | int]) -> CLS:

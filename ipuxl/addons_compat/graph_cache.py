@@ -1,7 +1,9 @@
 """``GraphCache``: one graph for every ``create_graph`` call with equal arguments.
 
-Arguments are compared as upstream does: tensors by shape and dtype, bound graphs
-by graph and bindings, containers element-wise, everything else by value.
+Keyed as upstream keys it: the function's (or module's) ``__hash__`` -- so two module
+instances with equal hashes share a graph --, the current IPU (``popxl.ipu``) and tile set
+(``popxl.io_tiles``), and each argument: tensors by shape, dtype and meta shape, bound
+graphs by graph and bindings, containers element-wise, everything else by ``hash``.
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import weakref
 from typing import Any, Callable
 
 from ipuxl.addons_compat.graph import BoundGraph, GraphWithNamedArgs
-from ipuxl.ir import context
+from ipuxl.ir import context, placement
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.tensor import Tensor, TensorSpec
 
@@ -19,7 +21,7 @@ __all__ = ["GraphCache"]
 
 def _argument_key(arg: Any) -> Any:
     if isinstance(arg, (Tensor, TensorSpec)):
-        return ("tensor", tuple(arg.shape), arg.dtype)
+        return ("tensor", tuple(arg.shape), arg.dtype, tuple(arg.meta_shape or ()))
     if isinstance(arg, BoundGraph):
         return ("bound", id(arg.graph), tuple(sorted((id(k), _argument_key(v)) for k, v in arg.args.items())))
     if isinstance(arg, GraphWithNamedArgs):
@@ -28,14 +30,18 @@ def _argument_key(arg: Any) -> Any:
         return ("dict", tuple((k, _argument_key(v)) for k, v in arg.items()))
     if isinstance(arg, (list, tuple)):
         return (type(arg).__name__, tuple(_argument_key(v) for v in arg))
-    return arg
+    return ("hash", hash(arg))  # as upstream: equal hashes share a graph
 
 
 def _call_key(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple:
+    """The cache key of ``create_graph(fn, *args, **kwargs)`` built here (upstream's
+    ``get_function_hash``: ``hash(fn)``, the IPU and tile set, then each bound argument)."""
     target = fn.build if hasattr(fn, "build") else fn
     bound = inspect.signature(target).bind(*args, **kwargs)
     bound.apply_defaults()
-    return (id(fn), tuple((name, _argument_key(v)) for name, v in bound.arguments.items()))
+    tile_set = "io" if placement.in_io_tiles() else "compute"
+    return (hash(fn), placement.current_ipu(), tile_set,
+            tuple((name, _argument_key(v)) for name, v in bound.arguments.items()))
 
 
 class GraphCache:

@@ -1,8 +1,13 @@
-"""popxl.addons' ``InputStreams`` and ``OutputStreams``: named host streams, read as attributes."""
+"""popxl.addons' ``InputStreams`` and ``OutputStreams``: named host streams, read as attributes.
+
+As upstream's, a collection is an ordered dict of name -> stream that is also read by
+position: ``streams[0]`` and ``streams[1:]`` are the streams in insertion order, and
+iterating it gives the streams, not their names (``keys()`` gives the names).
+"""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from ipuxl.errors import InvalidArgumentError
 from ipuxl.ir.context import user_source_line
@@ -40,10 +45,30 @@ class _Streams(OrderedDict):
 
     def __getattr__(self, name: str) -> Any:
         try:
-            return self[name]
+            return super().__getitem__(name)
         except KeyError:
-            keys = "\n    ".join(self.keys())
-            raise AttributeError(f"No attribute '{name}'. Available Keys:\n    {keys}") from None
+            raise AttributeError(f"No attribute '{name}'. Available Keys:\n    {self._names()}") from None
+
+    def __getitem__(self, key: str | int | slice) -> Any:
+        """The stream named ``key``, or by position: an int or a slice of the streams in order.
+
+        Raises:
+            KeyError: no stream has that name.
+            IndexError: an int position past the last stream.
+        """
+        if isinstance(key, (int, slice)):
+            return list(self.values())[key]
+        try:
+            return super().__getitem__(key)
+        except KeyError:
+            raise KeyError(f"No key '{key}'. Available Keys:\n    {self._names()}") from None
+
+    def __iter__(self) -> Iterator[Any]:
+        """The streams, in insertion order (upstream iterates values, not names)."""
+        return iter(list(self.values()))
+
+    def _names(self) -> str:
+        return "\n    ".join(self.keys())
 
 
 class InputStreams(_Streams):

@@ -29,7 +29,7 @@ from ipuxl.addons_compat.dot_tree import DotTree
 from ipuxl.addons_compat.named_tensors import NamedTensors
 from ipuxl.ir.graph_builder import graph_input, variable
 from ipuxl.dtypes import DOWNCAST, DTypeLike, dtype_name, from_any, to_numpy_dtype
-from ipuxl.errors import GraphContextError, InvalidArgumentError, PopdistError
+from ipuxl.errors import GraphContextError, InvalidArgumentError, PopdistError, with_builtin
 from ipuxl.ir import context
 from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.ir.tensor import Tensor
@@ -38,6 +38,9 @@ from ipuxl.ops.debug import init as _init_op
 
 if TYPE_CHECKING:
     from ipuxl.addons_compat.remote import NamedRemoteBuffers
+
+#: a bad data source: upstream's ValueError, and ipuxl's InvalidArgumentError (a TypeError)
+_DataSourceError = with_builtin(InvalidArgumentError, ValueError)
 
 __all__ = ["VariableFactory", "NamedVariableFactories", "add_variable_input", "add_replica_sharded_variable_input"]
 
@@ -59,8 +62,10 @@ class VariableFactory:
             ``meta_shape`` the whole shape.
 
     Raises:
-        InvalidArgumentError: a data source that is neither callable nor iterable, or a
-            ``shard_over`` that does not divide the data or exceeds the group size.
+        InvalidArgumentError: (also a ValueError, as upstream) a data callable that raises
+            when tried, or a data source that is neither callable nor iterable.
+        InvalidArgumentError: a ``shard_over`` that does not divide the data or exceeds the
+            group size.
     """
 
     def __init__(self, data_iter: Callable[[], Any] | Iterable[Any], dtype: DTypeLike = None,
@@ -73,8 +78,9 @@ class VariableFactory:
                 # doing the same keeps seeded host RNG draws (np.random) identical.
                 source()
             except Exception as error:
-                raise InvalidArgumentError(
-                    f"the data callable of variable factory '{name}' raised {type(error).__name__}: {error}",
+                raise _DataSourceError(
+                    f"Passed callable via `data_iter` throws error: the data callable of variable factory "
+                    f"'{name}' raised {type(error).__name__}: {error}", where=context.user_source_line(),
                     fix="pass a callable returning host data, e.g. `partial(np.zeros, shape)`") from error
 
             def endless() -> Iterator[Any]:
@@ -85,8 +91,9 @@ class VariableFactory:
         elif isinstance(data_iter, Iterable):
             self._data = iter(data_iter)
         else:
-            raise InvalidArgumentError(
-                f"VariableFactory needs a callable or an iterable of host data, got {type(data_iter).__name__}",
+            raise _DataSourceError(
+                f"`data_iter` must be an iterable or callable: variable factory '{name}' got "
+                f"{type(data_iter).__name__}", where=context.user_source_line(),
                 fix="wrap fixed data in a function, e.g. `lambda: data`")
         first = np.asarray(_host(next(self._data)))
         self._peeked: list[Any] = [first]

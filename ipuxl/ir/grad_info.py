@@ -44,15 +44,16 @@ class GradGraphInfo:
             activations; outputs: gradients of ``grads_required``.
         forward_graph: the differentiated graph (it gained activation outputs).
         expected_inputs / expected_outputs: one ``ExpectedConnection`` per grad-graph
-            input / output.
+            input / output (tuples, read-only views of the lists ``_expected_inputs`` /
+            ``_expected_outputs``, as PopXL keeps them: popxl.addons' code and tests read those).
     """
 
     def __init__(self, graph: "Graph", forward_graph: "Graph", expected_inputs: Iterable[ExpectedConnection],
                  expected_outputs: Iterable[ExpectedConnection]):
         self.graph = graph
         self.forward_graph = forward_graph
-        self.expected_inputs = tuple(expected_inputs)
-        self.expected_outputs = tuple(expected_outputs)
+        self._expected_inputs: list[ExpectedConnection] = list(expected_inputs)
+        self._expected_outputs: list[ExpectedConnection] = list(expected_outputs)
 
     @classmethod
     def of(cls, graph: "Graph", forward_graph: "Graph", gradients_of: Iterable[Tensor],
@@ -62,6 +63,16 @@ class GradGraphInfo:
         fwd_grad, fwd = ExpectedConnectionType.FwdGrad, ExpectedConnectionType.Fwd
         inputs = [ExpectedConnection(t, fwd_grad) for t in gradients_of] + [ExpectedConnection(t, fwd) for t in saved]
         return cls(graph, forward_graph, inputs, [ExpectedConnection(t, fwd_grad) for t in required])
+
+    @property
+    def expected_inputs(self) -> tuple[ExpectedConnection, ...]:
+        """One connection per grad-graph input: a forward tensor or the gradient of one."""
+        return tuple(self._expected_inputs)
+
+    @property
+    def expected_outputs(self) -> tuple[ExpectedConnection, ...]:
+        """One connection per grad-graph output: the forward tensor it is the gradient of."""
+        return tuple(self._expected_outputs)
 
     @property
     def inputs(self) -> tuple[Tensor, ...]:

@@ -23,7 +23,7 @@ def test_input_and_output_streams_by_name():
         y = ops.host_load(inputs.x) * 2.0 + ops.cast(ops.host_load(inputs.n), ipuxl.float32).reshape((2, 1))
         ops.host_store(outputs.y, y)
         again = addons.InputStreams.from_streams([inputs.x, inputs.n])
-    assert list(inputs) == ["x", "n"] and inputs.x.shape == (2, 3) and inputs.n.dtype == ipuxl.int32
+    assert list(inputs.keys()) == ["x", "n"] and inputs.x.shape == (2, 3) and inputs.n.dtype == ipuxl.int32
     assert again.x is inputs.x and again.n is inputs.n
     with pytest.raises(AttributeError, match="No attribute 'z'. Available Keys:\n    x\n    n"):
         inputs.z

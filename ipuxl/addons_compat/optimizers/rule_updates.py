@@ -104,7 +104,4 @@ def apply_optimizer(optimizer: _RuleUpdate, variables: NamedTensors, grads: Mapp
         graph.bind(state).call(var, grads[var], *tensor_hypers)
         if state.len_flat():
             states[name] = state
-    tree = NamedTensors()
-    for name, state in states.items():
-        tree.insert(name, state)
-    return tree
+    return NamedTensors.from_dict(states)  # dotted names share subtrees ("fc1.weight", "fc1.bias")

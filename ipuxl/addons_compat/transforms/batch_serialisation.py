@@ -15,13 +15,17 @@ step ``i``:
 A remote buffer is a matrix: ``steps`` columns (the batch index) and rows (one per
 layer sharing the graph, ``rows``); a ``row_offset`` of None always reads row 0. A buffer
 handle is ``(buffer, row_offset)`` or popxl.addons' ``RemoteHandle(buffer, row_offset,
-shard_group)``: with a ``shard_group`` of more than one replica the buffer holds
+shard_group)``; as upstream, pairs are converted to ``RemoteHandle``s, so the result's
+``stored_buffers`` always holds ``RemoteHandle``s (``.buffer``, ``.row_offset``,
+``.shard_group``). With a ``shard_group`` of more than one replica the buffer holds
 replica-sharded activations (``batch_serial_buffer(..., shard_group=g)``): each member
 stores its shard of the tensor (``replica_sharded_slice``) and a load gathers the
 shards back (``replicated_all_gather``), so every member of the group holds the whole
 tensor while Streaming Memory holds it once per group.
 ``batch_serialise_fwd_and_grad`` also stores the forward activations the gradient
-graph needs in new buffers and loads them in the gradient graph's loop.
+graph needs in new buffers and loads them in the gradient graph's loop; a
+``store_buffers`` value that is a ``ReplicaGrouping`` (upstream's form) asks for that
+activation's new buffer to be sharded over the grouping.
 
 Reproduces the API of the PopXL phased-execution tutorial (``batch_serial_buffer(t,
 steps, rows)``). Where it differs: ``io_mode`` "io" and "io_overlapped" run as
@@ -38,7 +42,7 @@ from ipuxl.addons_compat.bound_args import SubsetBindGraph
 from ipuxl.addons_compat.graph import GraphWithNamedArgs
 from ipuxl.addons_compat.named_tensors import NamedTensors
 from ipuxl.dtypes import int32, uint32
-from ipuxl.errors import InvalidArgumentError, InvalidValueError
+from ipuxl.errors import InvalidArgumentError, InvalidValueError, with_builtin
 from ipuxl.ir import context
 from ipuxl.ir.context import in_sequence
 from ipuxl.ir.grad_info import ExpectedConnectionType
@@ -79,11 +83,12 @@ class BatchSerialResult:
 
     Attributes:
         graph: the new graph (input: the row; named args: the passed-through inputs).
-        stored_buffers: original-graph tensor -> (buffer, row offset) it was stored in.
+        stored_buffers: original-graph tensor -> the ``RemoteHandle`` (buffer, row offset,
+            shard group) it was stored in.
     """
 
     graph: GraphWithNamedArgs
-    stored_buffers: dict[Tensor, RemoteBufferAndOffset]
+    stored_buffers: dict[Tensor, RemoteHandle]
     _remap_dict: dict[Tensor, Tensor]
 
     def remap_tensors(self, ts: NamedTensors) -> NamedTensors:
@@ -107,6 +112,14 @@ def batch_serial_buffer(t: Tensor, steps: int = 1, rows: int = 1, shard_group: R
 def _is_buffer_handle(handle: Any) -> TypeGuard[RemoteBufferAndOffset]:
     return isinstance(handle, tuple) and len(handle) in (2, 3) and hasattr(handle[0], "tensor_shape") and (
         handle[1] is None or isinstance(handle[1], int))
+
+
+def _as_remote_handles(handles: Mapping[Tensor, Any]) -> dict[Tensor, Any]:
+    """``handles`` with each ``(buffer, row_offset[, shard_group])`` tuple made a ``RemoteHandle``
+    (upstream's ``_convert_to_remote_handles``; a new dict: the caller's is left as it was).
+    Streams, ``RemoteHandle``s and handles of no known kind (refused when used) are kept."""
+    return {t: RemoteHandle(*h) if _is_buffer_handle(h) and not isinstance(h, RemoteHandle) else h
+            for t, h in handles.items()}
 
 
 def _shard_group(handle: RemoteBufferAndOffset) -> ReplicaGrouping | None:
@@ -164,6 +177,7 @@ def batch_serialise(graph: GraphWithNamedArgs, steps: int, load_handles: Mapping
                                 where=context.user_source_line(), fix="serialise over at least one step and row")
     if io_mode != "compute":
         logging.getLogger(__name__).debug("batch_serialise: io_mode %r runs as 'compute' (no IO tiles)", io_mode)
+    load_handles, store_buffers = _as_remote_handles(load_handles), _as_remote_handles(store_buffers)
     source = graph.graph
     loaded_ts = [t for t in source.inputs if t in load_handles]
     stored_ts = [t for t in chain(source.inputs, source.outputs)
@@ -183,10 +197,10 @@ def batch_serialise(graph: GraphWithNamedArgs, steps: int, load_handles: Mapping
         repeat(body, steps, *carried, *through)
 
     remap = dict(zip(through_ts, through))
-    stored_buffers: dict[Tensor, RemoteBufferAndOffset] = {}
+    stored_buffers: dict[Tensor, RemoteHandle] = {}
     for t in (t for t in store_buffers if t in source):
         handle = load_handles.get(t)
-        stored_buffers[t] = handle if _is_buffer_handle(handle) else store_buffers[t]
+        stored_buffers[t] = handle if isinstance(handle, RemoteHandle) else store_buffers[t]
     return BatchSerialResult(SubsetBindGraph(outer, graph.args.remap(remap)), stored_buffers, remap)
 
 
@@ -234,7 +248,7 @@ def batch_serialise_fwd_and_grad(forward_graph: GraphWithNamedArgs, gradient_gra
                                  named_inputs_for_grad_graph: NamedTensors, steps: int,
                                  load_handles: Mapping[Tensor, LoadHandle],
                                  store_streams: Mapping[Tensor, DeviceToHostStream],
-                                 store_buffers: Mapping[Tensor, RemoteBufferAndOffset],
+                                 store_buffers: Mapping[Tensor, RemoteBufferAndOffset | ReplicaGrouping],
                                  seed_input: Tensor | None = None, rows: int = 1,
                                  io_mode: IoMode = "io") -> tuple[BatchSerialResult, BatchSerialResult]:
     """Batch-serialise a forward graph and its gradient graph (module docstring).
@@ -243,25 +257,32 @@ def batch_serialise_fwd_and_grad(forward_graph: GraphWithNamedArgs, gradient_gra
     new buffers, or the buffer the forward input was loaded from) and loaded by the
     gradient loop; those in ``named_inputs_for_grad_graph`` (usually the forward
     variables, ``fwd.args``) become named inputs of the gradient graph instead, as
-    upstream. Every gradient input needs a load handle.
+    upstream. Every gradient input needs a load handle. A ``store_buffers`` value that is a
+    ``ReplicaGrouping`` shards that activation's new buffer over the grouping.
 
     Raises:
-        InvalidArgumentError: a gradient input without a load handle, or an activation
-            that can be neither stored nor named.
+        InvalidArgumentError: (also a ValueError, as upstream) a gradient input without a
+            load handle; an activation that can be neither stored nor named.
     """
     info = gradient_graph.grad_graph_info
     grad_inputs = gradient_graph.graph.inputs
-    store_buffers = dict(store_buffers)
+    shard_groups = {t: g for t, g in store_buffers.items() if isinstance(g, ReplicaGrouping)}
+    buffers: dict[Tensor, RemoteBufferAndOffset] = {
+        t: h for t, h in store_buffers.items() if not isinstance(h, ReplicaGrouping)}
     named = named_inputs_for_grad_graph.named_tensors
     activations = [(i, c) for i, c in enumerate(info.expected_inputs) if c.connection_type is ExpectedConnectionType.Fwd]
     # 1. the forward loop stores every activation the gradient graph needs
     for _, connection in activations:
         t = connection.fwd_tensor
-        if t in store_buffers or t in named.values():
+        if t in buffers or t in named.values():
             continue
         handle = load_handles.get(t)
-        store_buffers[t] = handle if _is_buffer_handle(handle) else (batch_serial_buffer(t), 0)
-    forward_result = batch_serialise(forward_graph, steps, load_handles, store_streams, store_buffers, seed_input,
+        if _is_buffer_handle(handle):
+            buffers[t] = handle
+        else:
+            group = shard_groups.get(t)
+            buffers[t] = RemoteHandle(batch_serial_buffer(t, steps, rows, shard_group=group), 0, group)
+    forward_result = batch_serialise(forward_graph, steps, load_handles, store_streams, buffers, seed_input,
                                      rows, io_mode)
     # 2. the gradient loop loads them (or takes them as named inputs)
     grad_handles: dict[Tensor, LoadHandle] = {}
@@ -283,12 +304,12 @@ def batch_serialise_fwd_and_grad(forward_graph: GraphWithNamedArgs, gradient_gra
         if connection.connection_type is ExpectedConnectionType.FwdGrad:
             grad_t = grad_inputs[index]
             if grad_t not in load_handles:
-                raise InvalidArgumentError(
+                raise with_builtin(InvalidArgumentError, ValueError)(
                     f"batch_serialise_fwd_and_grad: gradient input {index} ('{grad_t.name}') of graph "
                     f"'{gradient_graph.graph.name}' has no load handle", where=context.user_source_line(),
                     fix="give load_handles an entry for each gradient input, e.g. {grad.graph.inputs[0]: (buffer, 0)}")
             grad_handles[grad_t] = load_handles[grad_t]
-    gradient_result = batch_serialise(gradient_graph, steps, grad_handles, store_streams, store_buffers, None, rows,
+    gradient_result = batch_serialise(gradient_graph, steps, grad_handles, store_streams, buffers, None, rows,
                                       io_mode)
     gradient_result.graph.grad_graph_info = info
     return forward_result, gradient_result

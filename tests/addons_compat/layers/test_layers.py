@@ -70,6 +70,8 @@ def test_embedding():
 @pytest.mark.parametrize("stride, padding, groups", [(1, 0, 1), (2, 1, 1), (1, 1, 2)])
 def test_conv2d(stride, padding, groups):
     x = rng.standard_normal((2, 4, 7, 7)).astype(np.float32)
-    got, w, dy = _run(addons.Conv2D(6, 3, stride=stride, padding=padding, groups=groups), x)
-    _check(got, w, dy, lambda x, p: F.conv2d(x, p["weight"], p["bias"], stride, padding, 1, groups),
+    layer = addons.Conv2D(6, 3, strides=(stride, stride), paddings=(padding,) * 4, groups=groups)
+    got, w, dy = _run(layer, x)
+    assert w["bias"].shape == (1, 6, 1, 1)  # upstream's bias shape
+    _check(got, w, dy, lambda x, p: F.conv2d(x, p["weight"], p["bias"].reshape(-1), stride, padding, 1, groups),
            torch.from_numpy(x))
