@@ -22,6 +22,8 @@ setup(
     # mypy: .ci/run type-checks ipuxl/; transformers, timm: Hugging Face models the capture tests train
     # (tests/apps makes its own venv with the older release Graphcore's applications pin; so do the
     # PopTorch clients' tests, tests/poptorch_compat/clients: pytorch-lightning 2.0 needs setuptools<81
-    # and optimum-graphcore pins transformers 4.29.2, neither of which can sit beside these packages)
-    extras_require={"test": ["pytest", "mypy==2.4.1", "transformers==5.24.0", "timm==1.0.31"]},
+    # and optimum-graphcore pins transformers 4.29.2, neither of which can sit beside these packages);
+    # pytest-xdist: the suite runs one worker per core (`-n auto`)
+    extras_require={"test": ["pytest", "pytest-xdist==3.8.0", "mypy==2.4.1", "transformers==5.24.0",
+                             "timm==1.0.31"]},
 )
