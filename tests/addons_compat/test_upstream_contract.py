@@ -60,35 +60,36 @@ def test_batch_serialise_stored_buffers_are_remote_handles_and_hold_the_outputs(
     assert_allclose(got, (torch.from_numpy(x) * 3.0).numpy())
 
 
+def _scale_and_its_grad(shape: tuple[int, int]):
+    """Scale's forward graph, its gradient graph, and streams for both graphs' first inputs."""
+    x_stream = popxl.h2d_stream(shape, popxl.float32, "x")
+    dy_stream = popxl.h2d_stream(shape, popxl.float32, "dy")
+    _, fwd = Scale().create_graph(x_stream.spec)
+    _, bwd = addons.autodiff_with_accumulation(fwd, fwd.args.tensors, grads_required=[])
+    return fwd, bwd, {fwd.graph.inputs[0]: x_stream, bwd.graph.inputs[0]: dy_stream}
+
+
 def test_batch_serialise_fwd_and_grad_results_hold_remote_handles():
     steps = 2
     ir = popxl.Ir(replication=1)
     with ir.main_graph:
-        x_stream = popxl.h2d_stream((2, 3), popxl.float32, "x")
-        dy_stream = popxl.h2d_stream((2, 3), popxl.float32, "dy")
-        _, fwd = Scale().create_graph(x_stream.spec)
-        _, bwd = addons.autodiff_with_accumulation(fwd, fwd.args.tensors, grads_required=[])
-        fwd_bs, _ = batch_serialise_fwd_and_grad(
-            fwd, bwd, fwd.args, steps, {fwd.graph.inputs[0]: x_stream, bwd.graph.inputs[0]: dy_stream}, {}, {})
+        fwd, bwd, streams = _scale_and_its_grad((2, 3))
+        fwd_bs, _ = batch_serialise_fwd_and_grad(fwd, bwd, fwd.args, steps, streams, {}, {})
         assert fwd_bs.stored_buffers and all(isinstance(h, RemoteHandle) for h in fwd_bs.stored_buffers.values())
+        fwd_only = {fwd.graph.inputs[0]: streams[fwd.graph.inputs[0]]}
         with pytest.raises(ValueError, match="has no load handle"):  # upstream: a ValueError
-            batch_serialise_fwd_and_grad(fwd, bwd, fwd.args, steps, {fwd.graph.inputs[0]: x_stream}, {}, {})
+            batch_serialise_fwd_and_grad(fwd, bwd, fwd.args, steps, fwd_only, {}, {})
 
 
 def test_batch_serialise_fwd_and_grad_takes_a_replica_grouping_as_a_sharded_store_buffer():
     steps = 2
     ir = popxl.Ir(replication=2)
     with ir.main_graph:
-        x_stream = popxl.h2d_stream((2, 4), popxl.float32, "x")
-        dy_stream = popxl.h2d_stream((2, 4), popxl.float32, "dy")
-        _, fwd = Scale().create_graph(x_stream.spec)
-        _, bwd = addons.autodiff_with_accumulation(fwd, fwd.args.tensors, grads_required=[])
+        fwd, bwd, streams = _scale_and_its_grad((2, 4))
         activation = next(c.fwd_tensor for c in bwd.grad_graph_info.expected_inputs
                           if c.fwd_tensor not in fwd.args.tensors and c.connection_type.value == "Fwd")
         group = ir.replica_grouping(group_size=2)
-        fwd_bs, _ = batch_serialise_fwd_and_grad(
-            fwd, bwd, fwd.args, steps, {fwd.graph.inputs[0]: x_stream, bwd.graph.inputs[0]: dy_stream}, {},
-            {activation: group})
+        fwd_bs, _ = batch_serialise_fwd_and_grad(fwd, bwd, fwd.args, steps, streams, {}, {activation: group})
     handle = fwd_bs.stored_buffers[activation]
     assert isinstance(handle, RemoteHandle) and handle.shard_group is group
     assert handle.buffer.meta_shape == tuple(activation.shape) and handle.buffer.entries >= steps
