@@ -59,3 +59,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _compat_aliases_left_as_found() -> object:
+    """A test that installs ``ipuxl.compat`` (``import poptorch``...) and leaves it installed would
+    change later tests of the same process: a model wrapped while ``poptorch`` is imported keeps
+    PopTorch's fixed-input contract (``poptorch_compat.runtime.call_inputs``)."""
+    import ipuxl.compat
+
+    installed = ipuxl.compat.is_installed()
+    yield
+    if not installed and ipuxl.compat.is_installed():
+        ipuxl.compat.uninstall()
