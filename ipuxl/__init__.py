@@ -29,6 +29,7 @@ from ipuxl.dtypes import (
     dtype, bfloat16, bool, float16, float32, float64, int8, int16, int32, int64, uint8, uint32,
 )
 from ipuxl.dtypes import complex64, complex128, double, float, half, uint16, uint64  # PopXL's aliases and types
+from ipuxl.dtypes import float8_143, float8_152  # torch's float8 fnuz types (ipuxl.dtypes)
 from ipuxl import tensor
 from ipuxl.ir.context import get_ir, get_main_graph, gir, gmg, name_scope
 from ipuxl.ir.graph_builder import graph_output
@@ -59,6 +60,7 @@ __version__ = "0.1.0"
 _LAZY: dict[str, tuple[str, str | None]] = {
     "optim": ("ipuxl.optim", None),
     "utils": ("ipuxl.utils", None),
+    "fp8_utils": ("ipuxl.fp8_utils", None),
     "transforms": ("ipuxl.transforms", None),
     "Session": ("ipuxl.device", "Session"),
     "AnchorMode": ("ipuxl.poptorch_compat.options", "AnchorMode"),
@@ -82,7 +84,8 @@ __all__ = [
     "Constant", "DeviceToHostStream", "Graph", "HostToDeviceStream", "Ir", "Tensor", "TensorByRef",
     "TensorSpec", "Variable", "ReplicaGrouping", "replica_grouping", "d2h_stream", "gcg", "get_current_graph", "h2d_stream", "in_sequence",
     "create_seeds", "__version__",
-    "half", "float", "double", "uint16", "uint64", "complex64", "complex128", "tensor", "utils", "graph_output",
+    "half", "float", "double", "uint16", "uint64", "complex64", "complex128", "float8_143", "float8_152",
+    "fp8_utils", "tensor", "utils", "graph_output",
     "gmg", "get_main_graph", "gir", "get_ir", "name_scope",
     "AnchorMode", "Options", "OutputMode", "DataLoader", "DataLoaderMode", "PoplarExecutor", "identity_loss",
     "inferenceModel", "trainingModel",

@@ -9,9 +9,16 @@ accepts a PopXL dtype, a torch dtype, a numpy dtype or a name (``from_any``).
 
 As PopXL: ``half``/``float``/``double`` alias ``float16``/``float32``/``float64``;
 ``uint64`` and the complex types exist as dtypes but no tensor can have them
-(``check_supported``). ``uint16`` tensors hold packed data (popxl.addons' group-quantised
-weights): torch has no arithmetic on them, so the ops that read them convert first. ipuxl adds ``bfloat16`` (torch's) and
-``dtype.itemsize``; PopXL's ``float8_143``/``float8_152`` have no counterpart.
+(``check_supported``). PopXL's float8 types are torch's "fnuz" float8 types, which are the
+same formats bit for bit (Graphcore's proposal: ``float8_143`` 1 sign, 4 exponent, 3 mantissa
+bits, bias 8; ``float8_152`` 1/5/2, bias 16; subnormals, no infinities, one NaN, 0x80, and no
+negative zero): ``float8_143`` is ``torch.float8_e4m3fnuz`` and ``float8_152`` is
+``torch.float8_e5m2fnuz``. As in PopXL their host data are numpy arrays of the structured
+dtypes ``np_dtype_float8_143``/``np_dtype_float8_152`` (one ``u1`` field: the bits), and
+``ipuxl.fp8_utils`` converts them from and to floats (``as_torch()`` gives the fnuz type; PopXL's
+raises). ``uint16`` tensors hold packed data (popxl.addons' group-quantised weights): torch
+has no arithmetic on them, so the ops that read them convert first. ipuxl adds ``bfloat16``
+(torch's) and ``dtype.itemsize``.
 """
 from __future__ import annotations
 
@@ -28,7 +35,8 @@ __all__ = [
     "dtype", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "half", "float16",
     "bfloat16", "float", "float32", "double", "float64", "complex64", "complex128",
     "to_numpy_dtype", "from_any", "public", "dtype_name", "SUPPORTED", "check_supported", "DTypeLike",
-    "DOWNCAST", "float8_options_unset"]
+    "DOWNCAST", "float8_options", "float8_143", "float8_152", "np_dtype_float8_143", "np_dtype_float8_152",
+    "FLOAT8", "is_float8"]
 
 _BY_NAME: dict[str, "dtype"] = {}
 _BY_TORCH: dict[torch.dtype, "dtype"] = {}
@@ -194,6 +202,11 @@ def _lookup(value: Any) -> "dtype | None":
         return None
 
 
+#: PopXL's host representation of float8 data (numpy has no float8): a structured dtype whose
+#: one ``u1`` field holds the bits.
+np_dtype_float8_143 = np.dtype([("float8_143", "u1")])
+np_dtype_float8_152 = np.dtype([("float8_152", "u1")])
+
 # fmt: off
 bool = dtype._define("bool", torch.bool, np.bool_, builtins.bool)  # noqa: A001 - PopXL's public name
 int8 = dtype._define("int8", torch.int8, np.int8)
@@ -204,6 +217,8 @@ uint8 = dtype._define("uint8", torch.uint8, np.uint8)
 uint16 = dtype._define("uint16", torch.uint16, np.uint16)
 uint32 = dtype._define("uint32", torch.uint32, np.uint32)
 uint64 = dtype._define("uint64", torch.uint64, np.uint64)
+float8_143 = dtype._define("float8_143", torch.float8_e4m3fnuz, np_dtype_float8_143)
+float8_152 = dtype._define("float8_152", torch.float8_e5m2fnuz, np_dtype_float8_152)
 float16 = dtype._define("float16", torch.float16, np.float16)
 bfloat16 = dtype._define("bfloat16", torch.bfloat16, None)
 float32 = dtype._define("float32", torch.float32, np.float32, builtins.float)
@@ -220,14 +235,23 @@ del dtype._define  # the instances above are all there are
 #: PopXL's lookup tables: torch dtype -> dtype and numpy dtype -> dtype, for the types both
 #: sides have (PopXL's: no bfloat16, which numpy lacks, and none of torch's unsigned wide ints).
 _PT_TO_POPXL: dict[torch.dtype, dtype] = {t: d for t, d in _BY_TORCH.items()
-                                         if d._numpy is not None and t not in (torch.uint16, torch.uint32, torch.uint64)}
+                                         if d._numpy is not None and d._numpy.fields is None
+                                         and t not in (torch.uint16, torch.uint32, torch.uint64)}
 _NP_TO_POPXL: dict[np.dtype, dtype] = dict(_BY_NUMPY)
 
 # Every dtype a tensor, variable, constant or stream can have (the IPU's types).
-SUPPORTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16,
-             torch.uint16, torch.int32, torch.int64, torch.uint32, torch.bool)
+SUPPORTED = (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float16, torch.bfloat16, torch.float32,
+             torch.float64, torch.int8, torch.uint8, torch.int16, torch.uint16, torch.int32, torch.int64, torch.uint32,
+             torch.bool)
 # PopXL's ``downcast=True``: 64-bit host data becomes 32-bit on the device.
 DOWNCAST = {torch.float64: torch.float32, torch.int64: torch.int32}
+#: The float8 dtypes (torch's), PopXL's ``float8_143`` and ``float8_152``.
+FLOAT8 = (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+
+
+def is_float8(dtype: object) -> builtins.bool:
+    """Whether ``dtype`` (a PopXL or torch dtype) is ``float8_143`` or ``float8_152``."""
+    return isinstance(dtype, (torch.dtype, _Dtype)) and dtype in FLOAT8
 
 
 def public(torch_dtype: torch.dtype) -> "dtype":
@@ -287,7 +311,7 @@ def check_supported(dtype: "torch.dtype | dtype", subject: str | None = None, *,
 
     Raises:
         InvalidArgumentError: (a TypeError) a dtype outside ``SUPPORTED`` (complex,
-            float8, uint64...).
+            uint64...).
     """
     if dtype not in SUPPORTED:
         _raise(f"dtype {dtype_name(dtype)} is not supported", subject, _fix_for(_torch_of(dtype), host_data))
@@ -324,12 +348,23 @@ def _type_error(problem: str, fix: str) -> Exception:
     return InvalidArgumentError(problem, where=user_source_line(), fix=fix)
 
 
-def float8_options_unset(subject: str, log2_scale: object, nan_on_overflow: object) -> None:
-    """Refuse PopXL's float8 options (``log2_scale``, ``nan_on_overflow``): ipuxl has no float8."""
+def float8_options(subject: str, dtype: object, log2_scale: int | None,
+                   nan_on_overflow: builtins.bool | None) -> tuple[int, builtins.bool]:
+    """PopXL's float8 options of host data converted to ``dtype``: ``(log2_scale, nan_on_overflow)``
+    with PopXL's defaults (0, True) for a float8 dtype.
+
+    Raises:
+        UnsupportedError: (a RuntimeError, as PopXL's) an option is set for another dtype.
+    """
+    if is_float8(dtype):
+        return (0 if log2_scale is None else int(log2_scale),
+                True if nan_on_overflow is None else builtins.bool(nan_on_overflow))
     for option, value in (("log2_scale", log2_scale), ("nan_on_overflow", nan_on_overflow)):
         if value is not None:
-            raise UnsupportedError(f"{subject}: {option}={value!r} applies to float8 dtypes, which ipuxl does not have",
-                                   where=user_source_line(), fix=f"leave {option} as None")
+            raise UnsupportedError(f"{subject}: non-default value {option}={value!r} is not supported for dtypes that "
+                                   "are not popxl.float8_143 or popxl.float8_152",
+                                   where=user_source_line(), fix=f"leave {option} as None, or use a float8 dtype")
+    return 0, True
 
 
 def dtype_name(dtype: "torch.dtype | dtype") -> str:

@@ -33,6 +33,7 @@ __all__ = [
     "ReplicationError",
     "ReplicaFailureError",
     "OutOfMemoryError",
+    "PatternNotAppliedError",
     "CompatImportError",
     "CheckpointError",
     "DtypeError",
@@ -293,6 +294,12 @@ class BatchSizeError(StreamInputError):
 class ReplicaFailureError(DeviceError):
     """A replica (a thread in this process or another torch.distributed process)
     failed or stopped answering, so the collective every replica waits in cannot finish."""
+
+
+class PatternNotAppliedError(DeviceError, PopartException):
+    """The program holds an op PopART can only lower after a pattern rewrote it (a
+    tensor-parallel all-reduce whose inputs are identical must first become an identity):
+    PopART raises ``popart.popart_exception`` there."""
 
 
 class OutOfMemoryError(DeviceError, MemoryError):

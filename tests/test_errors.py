@@ -46,6 +46,7 @@ HIERARCHY = [
     (ReplicationError, IpuxlError, (ValueError,)),
     (errors.InplaceOrderError, PassError, (RuntimeError,)),
     (OutOfMemoryError, DeviceError, (RuntimeError, MemoryError)),
+    (errors.PatternNotAppliedError, DeviceError, (RuntimeError,)),
     (errors.AlreadyWrappedError, IpuxlError, (RuntimeError,)),
     (errors.WrongGraphError, GraphContextError, (ValueError, RuntimeError)),
     (errors.InvalidValueError, CaptureError, (ValueError,)),

@@ -29,6 +29,7 @@ IPUXL = sorted(IPUXL + [  # #17 Streaming Memory and sharding, #18 placement
     "RemoteBuffer", "ReplicatedTensorSharding", "TensorLocation", "TensorStorage", "io_tiles", "ipu", "remote_buffer",
     "remote_replica_sharded_variable", "remote_variable", "replica_sharded_buffer", "replica_sharded_variable",
 ])
+IPUXL = sorted(IPUXL + ["float8_143", "float8_152", "fp8_utils"])  # PopXL's float8 (torch's fnuz types)
 
 OPS = [
     "CallSiteInfo", "ConditionalSiteInfo", "PadType", "abs", "add", "add_", "argmax", "argmin", "average_pool",
@@ -48,6 +49,8 @@ OPS = [
     "unsqueeze", "var_updates", "where"
 ]
 OPS = sorted(OPS + ["io_tile_copy", "ipu_copy", "remote_code_load", "remote_load", "remote_load_", "remote_store"])
+OPS = sorted(OPS + ["conv_pow2scaled", "conv_transpose_pow2scaled", "matmul_pow2scaled", "pow2scale_cast_from_fp8",
+                    "pow2scale_cast_to_fp8"])  # float8
 
 TRANSFORMS = ["ExpectedConnection", "ExpectedConnectionType", "GradGraphInfo", "autodiff", "decompose_sum",
               "io_tile_exchange", "merge_exchange"]

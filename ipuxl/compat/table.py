@@ -56,7 +56,7 @@ POPXL: dict[str, str | None] = {
     "popxl.ops.var_updates.copy_var_update": "ipuxl.ops.var_updates",
     "popxl.ops.var_updates.utils": "ipuxl.ops.var_updates",
     "popxl.ops.utils": "ipuxl.ops.utils",
-    "popxl.fp8_utils": None,
+    "popxl.fp8_utils": "ipuxl.fp8_utils",
     "popxl.remote_buffer": "ipuxl.ir.remote",  # Streaming Memory
     "popxl.tensorlocation": "ipuxl.ir.remote",
     "popxl.ops.collectives.replica_sharded_slice": "ipuxl.ops.collectives",
@@ -97,6 +97,9 @@ POPXL_ADDONS: dict[str, str | None] = {
         "ipuxl.addons_compat.ops.replicated_all_reduce_TP",
     "popxl_addons.ops.cross_entropy_sharded_loss.cross_entropy_sharded_loss":
         "ipuxl.addons_compat.ops.cross_entropy_sharded_loss",
+    "popxl_addons.ops.cross_entropy_sharded_wr_loss": "ipuxl.addons_compat.ops.cross_entropy_sharded_wr_loss",
+    "popxl_addons.ops.cross_entropy_sharded_wr_loss.cross_entropy_sharded_wr_loss":
+        "ipuxl.addons_compat.ops.cross_entropy_sharded_wr_loss",
     "popxl_addons.ops.layer_norm_distributed.layer_norm_distributed":
         "ipuxl.addons_compat.ops.layer_norm_distributed",
     "popxl_addons.ops.rotary_pos_embed.rotary_pos_embed": "ipuxl.addons_compat.ops.rotary_pos_embed",

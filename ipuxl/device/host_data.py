@@ -10,6 +10,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ipuxl import fp8_utils
+
 from ipuxl.errors import ReplicationError, StreamInputError
 from ipuxl.ir.streams import HostToDeviceStream
 
@@ -83,4 +85,4 @@ def to_host(outputs: Sequence[torch.Tensor], shapes: Sequence[Sequence[int]]) ->
         arrays.append(tensor)
     if any(o.device.type == "cuda" for o in outputs):
         torch.cuda.current_stream().synchronize()
-    return [t.cpu().numpy().reshape(tuple(shape)) for t, shape in zip(arrays, shapes)]
+    return [fp8_utils.to_host(t.cpu()).reshape(tuple(shape)) for t, shape in zip(arrays, shapes)]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch.fx as fx
 
-from ipuxl.errors import DeviceError, ReplicationError
+from ipuxl.errors import PatternNotAppliedError, ReplicationError
 from ipuxl.ir.ir import Ir, VariableRecord
 from ipuxl.ir.meta import COLLECTIVE_OPS, OP, SOURCE
 from ipuxl.ir.world import world
@@ -95,7 +95,7 @@ def _refuse_identity_candidate(graph_name: str, node: fx.Node) -> None:
     """A TP all-reduce with identical inputs must have become an identity (PopART refuses to
     lower one: ``ipuxl.kernels.tp_collectives``)."""
     if tp_collectives.can_be_replaced_by_identity(node.target, tuple(node.args)):
-        raise DeviceError(
+        raise PatternNotAppliedError(
             f"{node.meta[OP]} '{node.name}' in graph '{graph_name}' has identical inputs and must be an identity: "
             f"{tp_collectives.PATTERN_NEEDED}", where=node.meta.get(SOURCE),
             fix="call popxl_addons.patterns.apply_pre_alias_patterns(ir) (level 'default' or 'all') after autodiff "

@@ -46,6 +46,7 @@ import torch
 
 from ipuxl.device import host_data
 from ipuxl.device.built import Built
+from ipuxl.device.device_info import DeviceInfo, attach, session_device
 from ipuxl.device.cuda_graphs import GraphedRuns, enabled as cuda_graphs_enabled, host_reads
 from ipuxl.device.compiler import CompiledGraph, Compiler, replica_program
 from ipuxl.device.failures import StepFailure, step_error, transfer_in_progress
@@ -56,6 +57,7 @@ from ipuxl.device.replicas import Communicator, ensure_process_group, run_replic
 from ipuxl.device.report import ProgramReport, program_report
 from ipuxl.device.resources import IpuSpec, check_fits
 from ipuxl.device.variables import DeviceVariables, attr_of, constant_value
+from ipuxl import fp8_utils
 from ipuxl.dtypes import DOWNCAST, dtype_name, to_numpy_dtype
 from ipuxl.errors import (
     DetachedError, DeviceError, InvalidArgumentError, IpuxlError, ReplicaFailureError,
@@ -105,7 +107,8 @@ class Session:
     Args:
         ir: the program. It should not be changed after the session is created.
         device_desc: ``"ipu_model"``, ``"cpu"`` (both run on the CPU) or ``"ipu_hw"``
-            (CUDA when present, else CPU).
+            (CUDA when present, else CPU), or a ``popart.DeviceInfo`` from
+            ``popart.DeviceManager`` (``device.device_info``; an attached one attaches the session).
         storage: ipuxl only: tensors to use as the device storage of some variables
             (the first local replica's), without a copy. Each must be contiguous, on the
             session's device, with the variable's shape and dtype; the program then reads
@@ -118,25 +121,25 @@ class Session:
     """
 
     @_device_memory
-    def __init__(self, ir: Ir, device_desc: DeviceType = "cpu", *,
+    def __init__(self, ir: Ir, device_desc: DeviceType | DeviceInfo = "cpu", *,
                  storage: Mapping[Variable, torch.Tensor] | None = None):
         self.ir = ir
-        self.device_type = device_desc
-        self.device = device_for(device_desc)
-        if self.device.type == "cpu":
+        # PopART's device (``device.device_info``); ``device`` is ipuxl's: the torch device it runs on
+        self._device, self.device_type = session_device(device_desc, ir.num_ipus, ir.instance_replication_factor)
+        self.device = self._torch_device = device_for(self.device_type)
+        if self._torch_device.type == "cpu":
             keep_freed_memory()  # the device's memory is kept between steps (device.host_memory)
         self._built = Built.of(ir)
         self._plan = plan_replicas(ir)
-        if device_desc == "ipu_model":  # the IPU resource model: fail before compiling when it cannot fit
+        if self.device_type == "ipu_model":  # the IPU resource model: fail before compiling when it cannot fit
             check_fits(ir)
         if self._plan.distributed:
-            ensure_process_group(self.device)
+            ensure_process_group(self._torch_device)
         replicated = ir.replication_factor > 1
         self._comm = Communicator(ir.replication_factor, self._plan.local, self._plan.distributed) if replicated else None
-        self._attached = False
-        self._enter_stack: list[bool] = []
+        self._enter_stack: list[bool | DeviceInfo] = []
         self._host_in_sync = True
-        self._variables = DeviceVariables(ir, self._plan, self.device, self._built.created_at, storage)
+        self._variables = DeviceVariables(ir, self._plan, self._torch_device, self._built.created_at, storage)
         self._records = self._variables.records
         self._memory = self._variables.memory  # remote buffers (device.streaming_memory)
         self._replica_vars = self._variables.replicas
@@ -146,7 +149,7 @@ class Session:
         self._streams: list[Stream] = [s for s in ir.streams if s in self._transfers]  # the cursors' order
         self._io_index = {s: i for i, s in enumerate(self._streams)}
         self._takes_io = does_host_io(ir.main_graph)
-        self._compiler = Compiler(ir, self.device, self._io_index)
+        self._compiler = Compiler(ir, self._torch_device, self._io_index)
         self._compiled = self._compiler.compiled
         # inside trainingModel's pipeline a stage of it; alone, a compile of its own (bar, INFO log)
         with pipeline("the session's IR", ["compile"], sizes=lambda: graph_sizes(ir.graphs)), stage("compile"):
@@ -156,7 +159,7 @@ class Session:
         self._forwards = [m.forward for m in self._modules]
         self._graphed = (GraphedRuns(self._program.forward, lambda f, b: self._execute(f, b, 0),
                                      refused=host_reads([self._program, *(c.module for c in self._compiled.values())]))
-                         if cuda_graphs_enabled(self.device, len(self._plan.local)) else None)
+                         if cuda_graphs_enabled(self._torch_device, len(self._plan.local)) else None)
         self._h2d = [s for s in self._streams if isinstance(s, HostToDeviceStream)]
         self._d2h = [s for s in self._streams if isinstance(s, DeviceToHostStream)]
         self._written_inputs = _written_streams(ir)
@@ -164,6 +167,8 @@ class Session:
         self._warned_short_transfers = False
         self._failed_run: IpuxlError | None = None  # the error of this session's last failed run, for __exit__
         self._runs = 0
+        if self.is_attached:  # a device the user attached: entering the context will not set it up
+            self.weights_from_host()
 
     # -- reports, profile, code ---------------------------------------------------------
     @property
@@ -268,27 +273,32 @@ class Session:
     # -- attach / detach ---------------------------------------------------------------
     @property
     def is_attached(self) -> bool:
-        return self._attached
+        return self._device.isAttached
 
     @_device_memory
     def __enter__(self) -> "Session":
-        self._enter_stack.append(self._attached)
-        if not self._attached:
-            self._attached = True
+        was_attached = self.is_attached
+        if was_attached:
+            self._enter_stack.append(True)
+        else:  # an offline device is swapped for a hardware one until the context ends
+            device, self._device = self._device, attach(self._device, self._device.numIpus)
+            self._enter_stack.append(device if device is not self._device else False)
             self.weights_from_host()
         return self
 
     @_device_memory
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         was_attached = self._enter_stack.pop()
-        if not was_attached:
+        if was_attached is not True:
             try:
                 # Another exception leaves the host values as they were; a failed run of this
                 # session does not: its applied steps are kept (see the module docstring).
                 if exc_type is None or (exc and exc[0] is self._failed_run):
                     self.weights_to_host()
             finally:
-                self._attached = False
+                self._device.detach()
+                if isinstance(was_attached, DeviceInfo):
+                    self._device = was_attached
                 self._failed_run = None
                 self.free_buffers()
 
@@ -299,7 +309,7 @@ class Session:
             self._graphed.invalidate()
 
     def _require_attached(self, what: str) -> None:
-        if not self._attached:
+        if not self.is_attached:
             raise DetachedError(
                 f"Must be attached to device before calling a runtime function (Session.{what}). Put the call "
                 "inside a `Session` context, for example `with session: session.run()`.",
@@ -457,7 +467,7 @@ class Session:
         than ``num_host_transfers`` (those slices stay as they are), or may (a store in a
         conditional's branch), else uninitialised."""
         make = torch.zeros if self._fewest_transfers[stream] < self._built.steps else torch.empty
-        return make(shape, dtype=stream.spec.dtype, device=self.device)
+        return make(shape, dtype=stream.spec.dtype, device=self._torch_device)
 
     def run_with_outputs(self, inputs: Mapping[HostToDeviceStream, Any] | None = None,
                          outputs: Mapping[DeviceToHostStream, np.ndarray] | None = None,
@@ -501,7 +511,7 @@ class Session:
             if private or not (array.flags.c_contiguous and array.flags.writeable):
                 array = np.array(array, order="C")
                 private = False
-            tensor = torch.from_numpy(array)
+            tensor = fp8_utils.to_tensor(array)
         tensor = self._replica_slice(stream, tensor)
         if tensor.dtype != stream.spec.dtype:
             if not (downcast and DOWNCAST.get(tensor.dtype) == stream.spec.dtype):
@@ -509,7 +519,7 @@ class Session:
                     f"Session.run: input stream '{stream.name}' expects dtype {dtype_name(stream.dtype)}, "
                     f"got {dtype_name(tensor.dtype)}",
                     fix=f"convert the data, e.g. array.astype(np.{to_numpy_dtype(stream.dtype)})")
-        return tensor.to(self.device, stream.spec.dtype, copy=private)
+        return tensor.to(self._torch_device, stream.spec.dtype, copy=private)
 
     def _replica_slice(self, stream: HostToDeviceStream, tensor: torch.Tensor) -> torch.Tensor:
         """Check the host data's shape; with replicas, keep this process's replicas."""
@@ -558,7 +568,7 @@ class Session:
         tensors = list(tensors)
         for t in tensors:
             self._variables.check_own(t, (Variable, Constant), "get_tensors_data")
-        if self._attached and not self._host_in_sync and any(isinstance(t, Variable) for t in tensors):
+        if self.is_attached and not self._host_in_sync and any(isinstance(t, Variable) for t in tensors):
             self.weights_to_host()
         return {t: self._variables.host_of(t) if isinstance(t, Variable) else constant_value(t) for t in tensors}
 
@@ -570,9 +580,9 @@ class Session:
     def write_variables_data(self, tensors: Mapping[Variable, Any]) -> None:
         """Set several variables; all entries are checked before any is written."""
         arrays = {tensor: self._variables.checked_data(tensor, data) for tensor, data in tensors.items()}
-        if self._attached and not self._host_in_sync:
+        if self.is_attached and not self._host_in_sync:
             self.weights_to_host()
-        self._variables.write(arrays, attached=self._attached)
+        self._variables.write(arrays, attached=self.is_attached)
 
 
 def _written_streams(ir: Ir) -> set[Stream]:

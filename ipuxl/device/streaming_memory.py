@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
+
+from ipuxl import fp8_utils
 
 from ipuxl.errors import DeviceError
 from ipuxl.ir.ir import Ir, VariableRecord
@@ -37,7 +39,8 @@ if TYPE_CHECKING:
     from ipuxl.device.replica_plan import ReplicaPlan
     from ipuxl.ir.tensor import Variable
 
-__all__ = ["StreamingMemory", "initial_value", "shard", "unshard", "read_host", "replica_value", "write_device"]
+__all__ = ["StreamingMemory", "initial_value", "shard", "unshard", "read_host", "replica_value", "write_device",
+           "flush_memmaps"]
 
 
 # -- layouts ------------------------------------------------------------------------------------------
@@ -122,19 +125,29 @@ def write_device(record: VariableRecord, host: np.ndarray, replicas: int, replic
     row = _row_of(record, replica, replicas)
     full = host if row is None else host[row]
     value = np.array(replica_value(record, full, replica, replicas), copy=True, order="C")  # 0-d stays 0-d
-    target.copy_(torch.from_numpy(value))
+    target.copy_(fp8_utils.to_tensor(value))
 
 
 def host_buffer(record: VariableRecord, replicas: int) -> np.ndarray:
-    """The initial host buffer of a remote or sharded variable (a private copy of its data)."""
+    """The initial host buffer of a remote or sharded variable: a private copy of its data, or
+    the data itself when it is a memmap (``ir.memmap``: the file is the host buffer)."""
     if record.retrieval_mode == "all_replicas" and replicas > 1:
         return np.stack([_group_value(record, r, replicas) for r in range(replicas)])
+    if isinstance(record.data, np.memmap):
+        return record.data
     return np.array(record.data, copy=True)
+
+
+def flush_memmaps(buffers: Iterable[np.ndarray]) -> None:
+    """Write the memmapped host buffers among ``buffers`` back to their files (after ``weights_to_host``)."""
+    for buffer in buffers:
+        if isinstance(buffer, np.memmap):
+            buffer.flush()
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
     value = t.detach().to("cpu")
-    return (value.float() if value.dtype == torch.bfloat16 else value).numpy()
+    return fp8_utils.to_host(value)
 
 
 # -- the Streaming Memory of a session ----------------------------------------------------------------
@@ -241,3 +254,4 @@ class StreamingMemory:
                 return self.elsewhere(tensor, replica)
 
             read_host(record, self.host[tensor], self.replicas, value_of)
+        flush_memmaps(self.host.values())

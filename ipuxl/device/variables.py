@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from ipuxl.device.replica_plan import ReplicaPlan
-from ipuxl.device.streaming_memory import StreamingMemory, initial_value, read_host, write_device
+from ipuxl.device.streaming_memory import StreamingMemory, flush_memmaps, initial_value, read_host, write_device
+from ipuxl import fp8_utils
 from ipuxl.dtypes import dtype_name, to_numpy_dtype
 from ipuxl.errors import InvalidArgumentError, ShapeMismatchError
 from ipuxl.ir.context import user_source_line
@@ -92,7 +93,7 @@ class DeviceVariables:
         return attr, storage
 
     def _to_device(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return torch.from_numpy(np.array(array, copy=True)).to(self.device, dtype)
+        return fp8_utils.to_tensor(np.array(array, copy=True)).to(self.device, dtype)
 
     # -- which replica each host row belongs to ---------------------------------------------
     def _host_replicas(self, record: VariableRecord) -> list[int] | None:
@@ -109,7 +110,7 @@ class DeviceVariables:
 
     def _initial_host(self, record: VariableRecord) -> np.ndarray:
         rows = self._host_replicas(record)
-        if isinstance(record.data, np.memmap) and not record.shard_over and (
+        if isinstance(record.data, np.memmap) and (
                 rows is None or (record.retrieval_mode == "one_per_group" and len(record.data) == len(rows))):
             return record.data  # the variable's host value lives in its file (``ipuxl.variable`` kept the memmap)
         if rows is None:
@@ -164,7 +165,7 @@ class DeviceVariables:
             rows = self._host_replicas(record)
             if rows is None:
                 value = self.replicas[0][attr].detach().to("cpu")
-                host[...] = value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
+                host[...] = fp8_utils.to_host(value)
                 continue
             for row, replica in enumerate(rows):
                 source = self._local_member(record, replica)
@@ -172,8 +173,9 @@ class DeviceVariables:
                     else self.memory.elsewhere(tensor, replica)
                 if held is not None:
                     value = held.detach().to("cpu")
-                    host[row] = value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
+                    host[row] = fp8_utils.to_host(value)
         self.memory.to_host()
+        flush_memmaps(self.host.values())
 
     def from_host(self) -> None:
         """Copy every variable's host buffer to the device (each replica its row)."""
@@ -191,7 +193,7 @@ class DeviceVariables:
                 self.memory.forget_gathered(tensor)  # torchrun: other processes' shards are pre-write
                 continue
             row = self._host_row(record, replica)
-            variables[attr].copy_(torch.from_numpy(np.asarray(host if row is None else host[row])))  # a 0-d row too
+            variables[attr].copy_(fp8_utils.to_tensor(np.asarray(host if row is None else host[row])))  # a 0-d row too
             self.memory.forget_gathered(tensor)  # torchrun: other processes' values are pre-write
 
     # -- user reads and writes ------------------------------------------------------------------
@@ -275,4 +277,4 @@ def attr_of(tensor: Variable | Constant) -> str:
 def constant_value(tensor: Constant) -> np.ndarray:
     """A constant's value as a numpy array (bfloat16 as float32)."""
     value = tensor.graph.constant_data[attr_of(tensor)]
-    return value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
+    return fp8_utils.to_host(value)

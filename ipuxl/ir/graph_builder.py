@@ -15,9 +15,11 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from ipuxl.dtypes import DOWNCAST, DTypeLike, check_supported, float8_options_unset, from_any, to_numpy_dtype
+from ipuxl import fp8_utils
+from ipuxl.dtypes import DOWNCAST, FLOAT8, DTypeLike, check_supported, float8_options, from_any, to_numpy_dtype
 from ipuxl.errors import InvalidArgumentError, InvalidValueError, ReplicationError, WrongGraphError
 from ipuxl.ir import context, placement
+from ipuxl.ir.memmap import check_memmap, warn_non_const_grouping
 from ipuxl.ir.meta import NAME, ROLE, SOURCE, Role
 from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.ir.tensor import Constant, Tensor, TensorByRef, TensorSpec, Variable
@@ -110,10 +112,14 @@ def variable(data: Any, dtype: DTypeLike | None = None, name: str | None = None,
         ReplicationError: a grouping of another replica count, or data without the
             group dimension.
         UnsupportedError: (a RuntimeError) ``log2_scale`` or ``nan_on_overflow`` is set
-            (PopXL's float8 options; ipuxl has no float8).
+            for a dtype that is not float8.
+
+    For a float8 ``dtype`` (``float8_143``, ``float8_152``), float data are cast on the host
+    as ``fp8_utils.host_pow2scale_cast_to_fp8(data, dtype, log2_scale, nan_on_overflow)``
+    (defaults 0 and True); float8 host data of that dtype are taken as they are.
     """
-    float8_options_unset(f"variable '{name or 't'}'", log2_scale, nan_on_overflow)
-    return _variable(data, dtype, name, downcast, replica_grouping, retrieval_mode, given=False)
+    return _variable(data, dtype, name, downcast, replica_grouping, retrieval_mode, given=False,
+                     float8=(log2_scale, nan_on_overflow))
 
 
 def given_variable(array: np.ndarray, dtype: DTypeLike, name: str) -> Variable:
@@ -128,7 +134,8 @@ def given_variable(array: np.ndarray, dtype: DTypeLike, name: str) -> Variable:
 
 
 def _variable(data: Any, dtype: DTypeLike | None, name: str | None, downcast: bool, replica_grouping: Any,
-              retrieval_mode: str | None, given: bool) -> Variable:
+              retrieval_mode: str | None, given: bool,
+              float8: tuple[int | None, bool | None] = (None, None)) -> Variable:
     graph = context.gcg()
     if not graph.is_main:
         raise WrongGraphError(
@@ -139,7 +146,8 @@ def _variable(data: Any, dtype: DTypeLike | None, name: str | None, downcast: bo
                 "input (ipuxl.graph_input), or use ipuxl.constant",
         )
     array, torch_dtype = host_array(data, dtype, downcast, f"variable '{name or 'variable'}'", keep_memmap=True,
-                                    given=given)
+                                    given=given, log2_scale=float8[0], nan_on_overflow=float8[1])
+    warn_non_const_grouping(data, replica_grouping)
     ir = graph.ir
     shape = grouped_shape(ir, name or "variable", array.shape, replica_grouping, retrieval_mode)
     attr = ir.unique_name(set(ir.variable_records) | set(graph.constant_data), _attr_name(name or "t"))
@@ -186,7 +194,7 @@ def constant(data: Any, dtype: DTypeLike | None = None, name: str | None = None,
     graph = context.gcg()
     array, torch_dtype = host_array(data, dtype, downcast, f"constant '{name or 'constant'}'")
     attr = graph.ir.unique_name(set(graph.constant_data) | set(graph.ir.variable_records), _attr_name(name or "t"))
-    graph.constant_data[attr] = torch.from_numpy(array).to(torch_dtype)
+    graph.constant_data[attr] = fp8_utils.to_tensor(array).to(torch_dtype)
     node = graph.fx.get_attr(attr)
     _record_leaf(node, array.shape, torch_dtype, _unique_leaf_name(name, attr), Role.CONSTANT)
     return graph.wrap(node, Constant)
@@ -256,30 +264,39 @@ def _outputs(graph: "Graph", name: str, result: Any) -> list[Tensor]:
     return items
 
 
-def host_array(data: Any, dtype: Any, downcast: bool, subject: str,
-               keep_memmap: bool = False, given: bool = False) -> tuple[np.ndarray, torch.dtype]:
+def host_array(data: Any, dtype: Any, downcast: bool, subject: str, keep_memmap: bool = False,
+               given: bool = False, log2_scale: int | None = None,
+               nan_on_overflow: bool | None = None) -> tuple[np.ndarray, torch.dtype]:
     """A private host copy of ``data`` and the device dtype (PopXL's downcast rule), for a
     variable or constant (``ipuxl.variable``, ``constant``, ``ir.remote``'s variables).
 
     ``keep_memmap``: a writable ``np.memmap`` already of the device's host dtype is kept,
-    not copied (a variable's host value then lives in its file: ``Session.weights_to_host``
-    writes it there, as popxl.addons' ``init(memmap_dir=...)`` intends). ``given``: a numpy
+    not copied: a variable's host value then lives in its file (``Session.weights_to_host``
+    writes it there and flushes it, as PopXL); a memmap that would need a conversion is
+    refused (``ir.memmap``). ``given``: a numpy
     array the caller gives away is kept when it owns its contiguous, writable memory and
-    has the target dtype (``given_variable``).
+    has the target dtype (``given_variable``). For a float8 target, float data are cast as
+    ``fp8_utils.host_pow2scale_cast_to_fp8(data, dtype, log2_scale, nan_on_overflow)``
+    (PopXL's float8 options, defaults 0 and True) and float8 host data are kept.
 
     Raises:
         InvalidArgumentError: ``data`` is a graph tensor, or its dtype (or ``dtype``)
             is not one ipuxl supports (complex, strings...); ``subject`` names the
             variable or constant in the message.
+        UnsupportedError: (a RuntimeError) a float8 option for another dtype, or float8 data
+            from data that are not float16/32/64.
+        InvalidValueError: (a ValueError) with ``keep_memmap``, a memmap that would need converting.
     """
     if isinstance(data, Tensor):
         raise InvalidArgumentError(f"{subject}: cannot initialise from graph tensor '{data.name}'",
                                    where=context.user_source_line(),
                                    fix="pass host data (numpy array, torch tensor or Python number)")
+    if keep_memmap:
+        check_memmap(data, dtype, subject)  # a memmap is kept as it is, or refused (``ir.memmap``)
     if isinstance(data, torch.Tensor):
         data = data.detach().cpu()
         check_supported(data.dtype, subject)  # before .numpy(), which has its own message
-        array = data.float().numpy() if data.dtype == torch.bfloat16 else data.numpy()
+        array = fp8_utils.to_host(data)
     else:
         array = np.asarray(data)
     if dtype is not None:
@@ -287,6 +304,9 @@ def host_array(data: Any, dtype: Any, downcast: bool, subject: str,
     else:
         inferred = from_any(array.dtype, subject)
         target = DOWNCAST.get(inferred, inferred) if downcast else inferred
+    scale, nan_on_overflow = float8_options(subject, target, log2_scale, nan_on_overflow)
+    if target in FLOAT8 and array.dtype != to_numpy_dtype(target):
+        return fp8_utils.host_pow2scale_cast_to_fp8(array, target, scale, nan_on_overflow), target
     if keep_memmap and isinstance(data, np.memmap) and data.flags.writeable and data.dtype == to_numpy_dtype(target):
         return data, target
     if (given and type(data) is np.ndarray and data.flags.c_contiguous and data.flags.writeable

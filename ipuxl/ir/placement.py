@@ -9,7 +9,9 @@ build time, naming both IPUs and the tensor.
 
 Where checks apply: ops of the main graph. A subgraph runs on the IPU of the op that
 calls it (its inputs come from the caller, and one graph may be called on several
-IPUs), so its ops are stamped but not checked; graph inputs and constants are
+IPUs), so its ops are stamped but not checked; a call (or repeat) built outside every
+``ipu(n)`` context is not checked either, and its results are wildcards: its graph may
+span IPUs (popxl.addons' within-replica sharded ops are such graphs); graph inputs and constants are
 wildcards (a constant is materialised on the IPU that reads it), and so is a
 variable built outside every ``ipu(n)`` context (PopART places a variable with the ops
 that read it).
@@ -35,7 +37,11 @@ if TYPE_CHECKING:
     from ipuxl.ir.ir import Ir
 
 __all__ = ["ipu", "io_tiles", "current_ipu", "ipu_of", "tile_set_of", "stamp", "check_inputs", "num_ipus",
-           "unchecked", "in_io_tiles"]
+           "unchecked", "in_io_tiles", "SPANNING_OPS"]
+
+#: ops that run a graph: built outside every ``ipu(n)`` context, they read and write tensors of
+#: any IPU (the graph's ops carry their own placement) and their results are wildcards
+SPANNING_OPS = ("call", "repeat")
 
 _ipu_stack: list[int | None] = []
 _io_tiles_stack: list[bool] = []
@@ -139,6 +145,8 @@ def check_inputs(graph: "Graph", op_name: str, args: Any, kwargs: Any) -> None:
     """
     if _unchecked_depth or not graph.is_main:
         return
+    if op_name in SPANNING_OPS and current_ipu() is None:
+        return  # a call outside every ipu(n) context runs each op of its graph where that op is placed
     here = current_ipu() or 0
     tiles_here = "io" if _io_tiles_stack else "compute"
     from ipuxl.ir.tensor import Tensor  # tensor imports context only; keep this module light

@@ -33,6 +33,7 @@ class SessionOptions:
     constantWeights: bool = True  # noqa: N815
     aliasZeroCopy: bool = True  # noqa: N815
     explicitRecomputation: bool = True  # noqa: N815
+    virtualGraphMode: int = 0  # noqa: N815 - popart.VirtualGraphMode (0: Off); PopXL places ops with popxl.ipu
     enableOutlining: bool = True  # noqa: N815
     outlineThreshold: float = 1.0  # noqa: N815
     enableEngineCaching: bool = False  # noqa: N815

@@ -44,6 +44,7 @@ from ipuxl.errors import (
 from ipuxl.ir import context
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.graph_builder import grouped_shape, host_array
+from ipuxl.ir.memmap import warn_non_const_grouping
 from ipuxl.ir.ir import VariableRecord
 from ipuxl.ir.meta import META_SHAPE, NAME, REMOTE, ROLE, SOURCE, Role
 from ipuxl.ir.replica_grouping import ReplicaGrouping
@@ -424,13 +425,16 @@ def _check_buffer(what: str, buffer: Any, ir: "Ir") -> RemoteBuffer:
 
 def _new_remote_variable(what: str, data: Any, buffer: Any, offset: int, dtype: DTypeLike | None, name: str | None,
                          downcast: bool, grouping: ReplicaGrouping | None, retrieval_mode: str | None,
-                         shard_over: int | None) -> RemoteVariable:
+                         shard_over: int | None, log2_scale: int | None = None,
+                         nan_on_overflow: bool | None = None) -> RemoteVariable:
     """A remote variable; ``shard_over``: None for a plain one, else the RTS shard count (1: a flat slot)."""
     graph = _main_graph(what, name)
     ir = graph.ir
     buffer = _check_buffer(what, buffer, ir)
     buffer.check_offset(offset, f"{what} '{name or 'variable'}'")
-    array, torch_dtype = host_array(data, dtype, downcast, f"{what} '{name or 'variable'}'")
+    array, torch_dtype = host_array(data, dtype, downcast, f"{what} '{name or 'variable'}'", keep_memmap=True,
+                                    log2_scale=log2_scale, nan_on_overflow=nan_on_overflow)
+    warn_non_const_grouping(data, grouping)
     full = _full_shape(array, ir, name or "variable", grouping, retrieval_mode, shard_over is not None)
     if (not shard_over and full == (1, *buffer.tensor_shape)
             and (grouping is None or grouping.num_groups == 1)):
@@ -466,7 +470,8 @@ def _new_remote_variable(what: str, data: Any, buffer: Any, offset: int, dtype: 
 
 def remote_variable(data: Any, remote_buffer: RemoteBuffer, offset: int = 0, dtype: DTypeLike | None = None,
                     name: str | None = None, downcast: bool = True, replica_grouping: ReplicaGrouping | None = None,
-                    retrieval_mode: RetrievalMode | None = "one_per_group") -> RemoteVariable:
+                    retrieval_mode: RetrievalMode | None = "one_per_group", log2_scale: int | None = None,
+                    nan_on_overflow: bool | None = None) -> RemoteVariable:
     """A variable stored in entry ``offset`` of ``remote_buffer`` (PopXL's ``remote_variable``).
 
     Every replica's slot starts with ``data`` (one value per group of ``replica_grouping``,
@@ -485,13 +490,14 @@ def remote_variable(data: Any, remote_buffer: RemoteBuffer, offset: int = 0, dty
         ...     loaded = ops.remote_load(buffer, 1)
     """
     return _new_remote_variable("remote_variable", data, remote_buffer, offset, dtype, name, downcast,
-                                replica_grouping, retrieval_mode, None)
+                                replica_grouping, retrieval_mode, None, log2_scale, nan_on_overflow)
 
 
 def remote_replica_sharded_variable(data: Any, remote_buffer: RemoteBuffer, offset: int = 0,
                                     dtype: DTypeLike | None = None, name: str | None = None, downcast: bool = True,
                                     replica_grouping: ReplicaGrouping | None = None, shard_over: int | None = None,
-                                    retrieval_mode: RetrievalMode | None = "one_per_group") -> RemoteVariable:
+                                    retrieval_mode: RetrievalMode | None = "one_per_group",
+                                    log2_scale: int | None = None, nan_on_overflow: bool | None = None) -> RemoteVariable:
     """A variable sharded over replicas and stored in ``remote_buffer`` (PopXL's).
 
     The host data is the full tensor (per group); replica ``r`` stores its shard (see the
@@ -504,11 +510,12 @@ def remote_replica_sharded_variable(data: Any, remote_buffer: RemoteBuffer, offs
                                                                                                  replica_grouping)
     _, over = _sharding("remote_replica_sharded_variable", replica_grouping, shard_over)
     if not buffer.meta_shape:  # PopXL records the full shape on the buffer, for ops.remote_load
-        array, _ = host_array(data, dtype, downcast, f"remote_replica_sharded_variable '{name or 'variable'}'")
+        array, _ = host_array(data, dtype, downcast, f"remote_replica_sharded_variable '{name or 'variable'}'",
+                              keep_memmap=True, log2_scale=log2_scale, nan_on_overflow=nan_on_overflow)
         grouped = replica_grouping is not None and replica_grouping.num_groups > 1
         buffer.meta_shape = array.shape[1:] if grouped else array.shape
     return _new_remote_variable("remote_replica_sharded_variable", data, buffer, offset, dtype, name, downcast,
-                                replica_grouping, retrieval_mode, over)
+                                replica_grouping, retrieval_mode, over, log2_scale, nan_on_overflow)
 
 
 def _inferred_shard_over(buffer: RemoteBuffer, grouping: ReplicaGrouping | None) -> int | None:
@@ -524,7 +531,8 @@ def _inferred_shard_over(buffer: RemoteBuffer, grouping: ReplicaGrouping | None)
 def replica_sharded_variable(data: Any, dtype: DTypeLike | None = None, name: str | None = None,
                              downcast: bool = True, replica_grouping: ReplicaGrouping | None = None,
                              shard_over: int | None = None,
-                             retrieval_mode: RetrievalMode | None = "one_per_group") -> tuple[Variable, Tensor]:
+                             retrieval_mode: RetrievalMode | None = "one_per_group", log2_scale: int | None = None,
+                             nan_on_overflow: bool | None = None) -> tuple[Variable, Tensor]:
     """An on-chip variable sharded over replicas (PopXL's ``replica_sharded_variable``).
 
     Returns ``(variable, shard)``: in PopXL the first is the full variable for the session's
@@ -536,7 +544,8 @@ def replica_sharded_variable(data: Any, dtype: DTypeLike | None = None, name: st
     graph = _main_graph("replica_sharded_variable", name)
     ir = graph.ir
     grouping, over = _sharding("replica_sharded_variable", replica_grouping, shard_over)
-    array, torch_dtype = host_array(data, dtype, downcast, f"replica_sharded_variable '{name or 'variable'}'")
+    array, torch_dtype = host_array(data, dtype, downcast, f"replica_sharded_variable '{name or 'variable'}'",
+                                    keep_memmap=True, log2_scale=log2_scale, nan_on_overflow=nan_on_overflow)
     full = _full_shape(array, ir, name or "variable", replica_grouping, retrieval_mode, True)
     attr = ir.unique_name(set(ir.variable_records) | set(graph.constant_data) | set(remote_variable_records(ir)),
                           _attr(name or "variable"))

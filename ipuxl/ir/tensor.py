@@ -417,6 +417,14 @@ class Variable(Tensor):
     def _record(self) -> "VariableRecord":
         return self.ir.variable_records[str(self._node.target)]
 
+    @property
+    def _memmap_arr(self) -> np.ndarray | None:
+        """The ``np.memmap`` the variable was made from, which is its host buffer
+        (``ir.memmap``); None when its data was copied (PopXL's private attribute, which
+        popxl.addons' memmapped ``init`` reads)."""
+        data = self._record.data
+        return data if isinstance(data, np.memmap) else None
+
 
 class Constant(Tensor):
     """A tensor whose value is fixed when the graph is built."""

@@ -1,10 +1,10 @@
 """Kernels of ``ipuxl.ops.debug``: ``init`` makes a tensor, ``print_tensor`` prints a
 tensor (and optionally its gradient) at run time.
 
-The print is a torch custom op (``ipuxl::print_tensor``), so tracing (autodiff's
-``make_fx``) records it as one node instead of printing fake tensors while tracing.
-Its gradient print is an ``autograd.Function`` whose backward calls the same op on
-the incoming gradient, so the grad graph prints it when it runs.
+The print is PopTorch's ``ipu_print_tensor`` kernel (``kernels.poplar_print``: a torch
+custom op, so tracing records it as one node; Poplar's layout, on stderr), with PopXL's
+defaults. Its gradient prints through the op's autograd formula; without ``print_self``,
+through an ``autograd.Function`` whose backward calls the op on the incoming gradient.
 """
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["init", "print_tensor", "format_tensor"]
+import ipuxl.kernels.poplar_print  # noqa: F401 - defines torch.ops.ipuxl.ipu_print_tensor
+
+__all__ = ["init", "print_tensor"]
 
 
 def init(shape: list[int], dtype: torch.dtype, zero: bool) -> torch.Tensor:
@@ -20,39 +22,26 @@ def init(shape: list[int], dtype: torch.dtype, zero: bool) -> torch.Tensor:
     return torch.zeros(shape, dtype=dtype) if zero else torch.empty(shape, dtype=dtype)
 
 
-def format_tensor(title: str, t: torch.Tensor) -> str:
-    """The printed line: ``title: value`` with the tensor's values, shape and dtype."""
-    return f"{title}: {t.detach().cpu().tolist()} (shape {tuple(t.shape)}, {t.dtype})"
-
-
-@torch.library.custom_op("ipuxl::print_tensor", mutates_args=())
-def _print(t: torch.Tensor, title: str) -> torch.Tensor:
-    print(format_tensor(title, t), flush=True)
-    return t.clone()
-
-
-@_print.register_fake
-def _(t: torch.Tensor, title: str) -> torch.Tensor:
-    return torch.empty_like(t)
-
-
 class _PrintGradient(torch.autograd.Function):
-    """Identity whose backward prints the gradient flowing through it."""
+    """Identity whose backward prints the gradient flowing through it (``print_self=False``)."""
 
     @staticmethod
-    def forward(t: torch.Tensor, title: str) -> torch.Tensor:
+    def forward(t: torch.Tensor, title: str, fmt: tuple[Any, ...]) -> torch.Tensor:
         return t.clone()
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        ctx.title = inputs[1]
+        ctx.title, ctx.fmt = inputs[1], inputs[2]
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return torch.ops.ipuxl.print_tensor(grad, f"{ctx.title} gradient"), None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return torch.ops.ipuxl.ipu_print_tensor(grad, f"{ctx.title}_gradient", False, *ctx.fmt), None, None
 
 
-def print_tensor(t: torch.Tensor, title: str, print_self: bool, print_gradient: bool) -> torch.Tensor:
-    """``t`` (a copy), printed now when ``print_self``, its gradient printed when ``print_gradient``."""
-    out = torch.ops.ipuxl.print_tensor(t, title) if print_self else t.clone()
-    return _PrintGradient.apply(out, title) if print_gradient else out
+def print_tensor(t: torch.Tensor, title: str, print_self: bool, print_gradient: bool, *fmt: Any) -> torch.Tensor:
+    """``t`` (a copy), printed now when ``print_self``, its gradient printed (titled
+    ``"<title>_gradient"``) when ``print_gradient``; ``fmt``: Poplar's print options, in
+    ``poplar_print.PrintFormat``'s order."""
+    if print_self:
+        return torch.ops.ipuxl.ipu_print_tensor(t, title, print_gradient, *fmt)
+    return _PrintGradient.apply(t, title, fmt) if print_gradient else t.clone()

@@ -53,6 +53,14 @@ def _cubic_weights(t: torch.Tensor) -> list[torch.Tensor]:
     return [far(t + 1), near(t), near(1 - t), far(2 - t)]
 
 
+def _half_pixel_float32(out_len: int, scale: float, device: torch.device) -> torch.Tensor:
+    """``(x + 0.5) / scale - 0.5`` as torch computes it for float32: ``x + 0.5`` times the float32
+    inverse scale, less 0.5, clamped at 0 (where the clamp changes no value: both taps read row 0)."""
+    inverse = torch.tensor(1.0 / scale, dtype=torch.float32)
+    x = torch.arange(out_len, dtype=torch.float32, device=device)
+    return ((x + 0.5) * inverse - 0.5).clamp(min=0)
+
+
 def _resize_axis(t: torch.Tensor, axis: int, out_len: int, scale: float, mode: str, nearest_mode: str,
                  coord_mode: str) -> torch.Tensor:
     length = t.shape[axis]
@@ -68,6 +76,10 @@ def _resize_axis(t: torch.Tensor, axis: int, out_len: int, scale: float, mode: s
 
     if mode == "nearest":
         return take(_nearest_index(x, nearest_mode))
+    if mode == "linear" and coord_mode in ("half_pixel", "pytorch_half_pixel") and t.dtype == torch.float32:
+        # in float32 as torch's (and Poplar's) linear upsampling computes it: ONNX's coordinates rounded
+        # the same way, so the result matches F.interpolate to the last bit or so
+        x = _half_pixel_float32(out_len, scale, t.device) if out_len > 1 or coord_mode == "half_pixel" else x.float()
     base = torch.floor(x)
     frac = x - base
     if mode == "linear":

@@ -36,6 +36,9 @@ from ipuxl.ops.indexing import (
 from ipuxl.ops.shape import concat_, detach_, flatten_, reshape_, slice_, subsample, transpose_
 from ipuxl.ops.ipu_copy import io_tile_copy, ipu_copy  # several IPUs
 from ipuxl.ops.remote import remote_code_load, remote_load, remote_load_, remote_store  # Streaming Memory
+from ipuxl.ops.float8 import (  # float8
+    conv_pow2scaled, conv_transpose_pow2scaled, matmul_pow2scaled, pow2scale_cast_from_fp8, pow2scale_cast_to_fp8,
+)
 
 __all__ = [
     "collectives", "var_updates", "CallSiteInfo", "call", "call_with_info", "repeat", "repeat_with_info",
@@ -59,4 +62,7 @@ __all__ = [
     "ipu_copy", "io_tile_copy",
     # Streaming Memory
     "remote_load", "remote_load_", "remote_store", "remote_code_load",
+    # float8
+    "pow2scale_cast_to_fp8", "pow2scale_cast_from_fp8", "matmul_pow2scaled", "conv_pow2scaled",
+    "conv_transpose_pow2scaled",
 ]

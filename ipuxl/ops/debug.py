@@ -11,6 +11,7 @@ from ipuxl.ir.build import emit
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.tensor import Tensor
 from ipuxl.kernels import debug as kernels
+from ipuxl.kernels.poplar_print import FLOAT_FORMATS
 
 __all__ = ["init", "print_tensor"]
 
@@ -29,15 +30,27 @@ def init(shape: Iterable[int], dtype: Any, name: str | None = None,
                 meta_fn=lambda *_: torch.empty(dims, dtype=torch_dtype, device="meta"))
 
 
-def print_tensor(t: Tensor, title: str | None = None, print_self: bool = True,
-                 print_gradient: bool = False) -> Tensor:
-    """Print ``t`` when the op runs, as ``title: values (shape, dtype)``; returns a copy of ``t``.
+def print_tensor(t: Tensor, title: str | None = None, print_self: bool = True, print_gradient: bool = False,
+                 summarise_threshold: int = 1000, edge_items: int = 3, max_line_width: int = 75, digits: int = 8,
+                 float_format: str = "auto", separator: str = " ", open_bracket: str = "[",
+                 close_bracket: str = "]") -> Tensor:
+    """Print ``t`` to stderr when the op runs, as ``title: values`` in Poplar's layout; returns a
+    copy of ``t``.
 
     As in PopXL, use the returned tensor (an op whose result nothing reads may be
-    removed). ``print_gradient`` also prints the gradient reaching ``t`` when the
-    grad graph of ``transforms.autodiff`` runs, titled ``"<title> gradient"``.
-    Default title: ``print<name of t>``.
+    removed). ``print_gradient`` also prints the gradient reaching ``t`` when the grad
+    graph of ``transforms.autodiff`` runs, titled ``"<title>_gradient"``. Default title:
+    ``print_<name of t>``. The format options are Poplar's ``PrintTensorFmt``: more than
+    ``summarise_threshold`` elements (0: never) show ``edge_items`` at each edge; lines
+    wrap at ``max_line_width``; ``digits`` significant digits in ``float_format``
+    (``"auto"``, ``"fixed"``, ``"scientific"``, ``"none"``); the brackets and separator
+    are the given strings.
     """
-    title = title if title is not None else f"print{t.name}"
-    return emit("print_tensor", kernels.print_tensor, (t, title, bool(print_self), bool(print_gradient)),
+    if float_format not in FLOAT_FORMATS:
+        raise InvalidValueError(f"op 'print_tensor': float_format must be one of {FLOAT_FORMATS}, "
+                                f"got {float_format!r}", where=user_source_line(), fix="pass one of those names")
+    title = title if title is not None else f"print_{t.name}"
+    fmt = (int(summarise_threshold), int(edge_items), int(max_line_width), int(digits), float_format,
+           str(separator), str(open_bracket), str(close_bracket))
+    return emit("print_tensor", kernels.print_tensor, (t, title, bool(print_self), bool(print_gradient), *fmt),
                 meta_fn=lambda x, *_: torch.empty_like(x))

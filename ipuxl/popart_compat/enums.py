@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+from ipuxl.device.device_info import DeviceConnectionType, SyncPattern  # the device enums live with the devices
+
 __all__ = [
     "AccumulateOuterFragmentSchedule", "BatchSerializationBatchSchedule", "BatchSerializationMethod",
     "BatchSerializationTransformContext", "DeviceConnectionType", "ExecutionPhaseIOSchedule", "ExecutionPhaseSchedule",
     "GradientTensorTrackingMethod", "Instrumentation", "IrSerializationFormat", "MeanReductionStrategy",
     "MergeVarUpdateType", "RecomputationType", "ReductionType", "ReplicatedTensorSharding", "SubgraphCopyingStrategy",
-    "SyncPattern", "SyntheticDataMode", "TensorStorage", "TileSet", "VirtualGraphMode",
+    "SyncPattern", "SyntheticDataMode", "TensorStorage", "TileSet", "VirtualGraphMode", "DataType",
 ]
 
 
@@ -124,13 +126,25 @@ class TileSet(IntEnum):
     IO = 1
 
 
-class DeviceConnectionType(IntEnum):
-    Always = 0
-    OnDemand = 1
-    Never = 2
-
-
-class SyncPattern(IntEnum):
-    Full = 0
-    SinglePipeline = 1
-    ReplicaAndLadder = 2
+class DataType(IntEnum):
+    """PopART's tensor element types (``popart/datatype.hpp``; programs name them, e.g. to pick
+    a float8 format: ``popart.DataType.FLOAT8_143`` is ``popxl.float8_143``)."""
+    UINT8 = 0
+    INT8 = 1
+    UINT16 = 2
+    INT16 = 3
+    INT32 = 4
+    INT64 = 5
+    UINT32 = 6
+    UINT64 = 7
+    BOOL = 8
+    FLOAT = 9
+    FLOAT16 = 10
+    BFLOAT16 = 11
+    FLOAT8_143 = 12
+    FLOAT8_152 = 13
+    DOUBLE = 14
+    COMPLEX64 = 15
+    COMPLEX128 = 16
+    STRING = 17
+    UNDEFINED = 18

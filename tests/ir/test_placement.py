@@ -131,6 +131,32 @@ def test_gradient_through_an_ipu_copy_is_the_identity():
     assert_close(torch.from_numpy(_run(ir, device="cpu")[out]), xt.grad)
 
 
+def test_a_call_outside_every_ipu_context_may_read_and_give_tensors_of_several_ipus():
+    """Its graph's ops carry their own placement (popxl.addons' within-replica sharded ops);
+    inside an ``ipu(n)`` context a call is an op of IPU n and is checked like any other."""
+    def add(a: ipuxl.Tensor, b: ipuxl.Tensor) -> tuple[ipuxl.Tensor, ipuxl.Tensor]:
+        return a + b, a - b
+
+    ir = ipuxl.Ir()
+    with ir.main_graph:
+        with ipuxl.ipu(0):
+            a = ipuxl.variable(np.array([1.0, 2.0], np.float32)) + 0
+        with ipuxl.ipu(1):
+            b = ipuxl.variable(np.array([3.0, 5.0], np.float32)) + 0
+        graph = ir.create_graph(add, a, b)
+        with ipuxl.ipu(0), pytest.raises(PlacementError, match=r"'call'.*IPU 0.*IPU 1"):
+            ops.call(graph, a, b)
+        total, difference = ops.call(graph, a, b)
+        outs = []
+        for ipu, t in ((0, total), (1, difference)):
+            with ipuxl.ipu(ipu):
+                outs.append(ipuxl.d2h_stream(t.shape, t.dtype, f"out{ipu}"))
+                ops.host_store(outs[-1], t)
+    got = _run(ir)
+    assert_close(torch.from_numpy(got[outs[0]]), torch.tensor([4.0, 7.0]))
+    assert_close(torch.from_numpy(got[outs[1]]), torch.tensor([-2.0, -3.0]))
+
+
 def _two_ipu_program(mib_0: float, mib_1: float) -> ipuxl.Ir:
     ir = ipuxl.Ir()
     with ir.main_graph:

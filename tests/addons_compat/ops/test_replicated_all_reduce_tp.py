@@ -27,7 +27,8 @@ from ipuxl.addons_compat.ops.replicated_all_reduce_TP import (
 from ipuxl.addons_compat.ops.rotary_pos_embed import rotary_pos_embed, trig_table_constants, trig_tables
 from ipuxl.addons_compat.patterns import apply_pre_alias_patterns
 from ipuxl.errors import (
-    DeviceError, InvalidValueError, ReplicationError, ShapeMismatchError, UnknownKeyError, UnsupportedError,
+    DeviceError, InvalidValueError, PopartException, ReplicationError, ShapeMismatchError, UnknownKeyError,
+    UnsupportedError,
 )
 
 F32 = ipuxl.float32
@@ -137,6 +138,7 @@ def test_identical_inputs_ops_run_only_after_the_identity_pattern():
     with pytest.raises(DeviceError, match="You need to run the `OpToIdentityPattern` pattern") as info:
         _run(ir, {"y": y}, patterns=None)
     assert isinstance(info.value, RuntimeError) and "apply_pre_alias_patterns" in info.value.fix
+    assert isinstance(info.value, PopartException)  # popart.popart_exception, as PopART raises
     ir, y = _identity_program()
     with pytest.raises(DeviceError, match="OpToIdentityPattern"):
         _run(ir, {"y": y}, patterns="minimal")  # mandatory patterns only: OpToIdentity is not one
