@@ -18,7 +18,8 @@ from typing import Any, Iterator, TypeGuard
 
 from ipuxl.errors import InvalidArgumentError, OptionsError, PoptorchError
 from ipuxl.ir.context import user_source_line
-from ipuxl.poptorch_compat.dataloader import DataLoader, DataLoaderMode, Prefetcher, rebatch
+from ipuxl.poptorch_compat.dataloader import DataLoader, DataLoaderMode, Prefetcher
+from ipuxl.poptorch_compat.rebatching import rebatch
 from ipuxl.poptorch_compat.enums import SharingStrategy
 
 __all__ = ["AsynchronousDataAccessor"]

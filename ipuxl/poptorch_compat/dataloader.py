@@ -44,12 +44,13 @@ Differences from upstream, on purpose:
   x deviceIterations x replicationFactor x gradientAccumulation``: the data of the
   replicas it runs. An ``IterableDataset`` is not sharded (each process reads all of
   it; use ``opts.Distributed.processId`` in the dataset).
-* A custom ``batch_sampler`` (passed on to torch's loader) decides the batches: each
-  list of indices it yields is one batch as the model receives it (a combined batch),
-  ``combinedBatchSize`` is None, and ``batch_size``, ``shuffle``, ``sampler`` and
-  ``drop_last`` do not apply (``batch_size`` other than 1, ``shuffle=True`` or a
-  ``sampler`` raise torch's ValueError, as ``torch.utils.data.DataLoader``;
-  ``drop_last`` is left to the batch sampler).
+* A custom ``batch_sampler`` (passed on to torch's loader, with ``collate_fn``) makes
+  micro-batches, as PopTorch: each run of the model takes ``deviceIterations x
+  replicationFactor x gradientAccumulation`` consecutive ones, concatenated along the
+  sample axis (they may differ in size), and ``drop_last`` (default True) drops a final
+  shorter run. ``combinedBatchSize`` is None; ``batch_size`` other than 1,
+  ``shuffle=True`` or a ``sampler`` raise torch's ValueError, as
+  ``torch.utils.data.DataLoader``.
 """
 from __future__ import annotations
 
@@ -63,14 +64,13 @@ from typing import Any, Iterator, Sized, TypeGuard, cast
 
 import torch
 import torch.utils.data
-from torch.utils import _pytree as pytree
 
 from ipuxl.errors import InvalidArgumentError, OptionsError
 from ipuxl.ir.context import user_source_line
-from ipuxl.poptorch_compat.custom_args import register_subclasses
 from ipuxl.poptorch_compat.options import Options
+from ipuxl.poptorch_compat.rebatching import combine, rebatch
 
-__all__ = ["DataLoader", "DataLoaderMode", "Prefetcher", "rebatch", "ASYNC_BUFFER_SIZE"]
+__all__ = ["DataLoader", "DataLoaderMode", "Prefetcher", "ASYNC_BUFFER_SIZE"]
 
 
 class DataLoaderMode(enum.IntEnum):
@@ -159,8 +159,12 @@ class DataLoader(torch.utils.data.DataLoader):
         self._options = options
         self._mode = mode
         self._combined_batch_size: int | None = None
+        self._combine: int | None = None  # with a batch_sampler: how many of its batches one run takes
         if kwargs.get("batch_sampler") is not None:
-            batch_size, drop_last = _custom_batches(batch_size, shuffle, kwargs)
+            _refuse_batching_arguments(batch_size, shuffle, kwargs)
+            batch_size = None  # the batch sampler makes the (micro-)batches
+            self._combine = options.device_iterations * options.replicas_per_process() * \
+                options.gradient_accumulation
         # The replicas this process feeds: all of them, or its share under torchrun.
         replicas = options.replicas_per_process()
         if batch_size is not None:
@@ -200,7 +204,7 @@ class DataLoader(torch.utils.data.DataLoader):
                           UserWarning, stacklevel=2)
 
         if loader_batch_size is None:
-            # No batching: drop_last has nothing to drop (torch refuses the pair).
+            # No batching (or a batch_sampler's, combined here): torch's loader drops nothing (it refuses the pair).
             drop_last = False
         elif self._combined_batch_size is not None and not isinstance(dataset, torch.utils.data.IterableDataset):
             _warn_if_partial_last_batch(self._shard if self._shard is not None else dataset,
@@ -236,6 +240,9 @@ class DataLoader(torch.utils.data.DataLoader):
 
     # -- iteration -----------------------------------------------------------------
     def __len__(self) -> int:
+        if self._combine is not None:
+            runs, leftover = divmod(super().__len__(), self._combine)  # TypeError: the batch_sampler has no len
+            return runs + int(bool(leftover) and not self._requested_drop_last)
         if self._rebatched_size is None:
             return super().__len__()
         num_samples = len(self._shard) if self._shard is not None else len(cast(Sized, self.dataset))
@@ -245,12 +252,16 @@ class DataLoader(torch.utils.data.DataLoader):
     # torch annotates __iter__ with its private iterator class; the Async modes return a
     # prefetching iterator of the same batches instead
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        if self._mode is DataLoaderMode.Sync:
+        if self._mode is DataLoaderMode.Sync and self._combine is None:
             return super().__iter__()
         # One epoch at a time: with persistent workers torch reuses one iterator,
         # which two prefetching threads must not share.
         self.terminate()
         source: Iterator[Any] = super().__iter__()
+        if self._combine is not None:
+            source = combine(source, self._combine, self._requested_drop_last)
+            if self._mode is DataLoaderMode.Sync:
+                return source
         if self._rebatched_size is not None:
             source = rebatch(source, self._rebatched_size, self._requested_drop_last)
         iterator = Prefetcher(source, self._buffer_size)
@@ -269,9 +280,8 @@ class DataLoader(torch.utils.data.DataLoader):
             self.terminate()
 
 
-def _custom_batches(batch_size: int | None, shuffle: bool, kwargs: dict[str, Any]) -> tuple[None, bool]:
-    """``(batch_size, drop_last)`` to build torch's loader with the user's ``batch_sampler``:
-    the sampler makes the batches (see the module docstring).
+def _refuse_batching_arguments(batch_size: int | None, shuffle: bool, kwargs: dict[str, Any]) -> None:
+    """With the user's ``batch_sampler``, the arguments torch refuses beside it (see the module docstring).
 
     Raises:
         ValueError: torch's, for ``batch_size`` other than 1, ``shuffle=True`` or a ``sampler``.
@@ -279,7 +289,6 @@ def _custom_batches(batch_size: int | None, shuffle: bool, kwargs: dict[str, Any
     if batch_size != 1 or shuffle or kwargs.get("sampler") is not None:
         raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and "
                          "drop_last")
-    return None, False
 
 
 # -- argument checks ----------------------------------------------------------------
@@ -438,59 +447,6 @@ def _process_shard(options: Options, dataset: Any, combined_batch_size: int | No
     else:
         per_process = -(-num_samples // processes)
     return _ProcessShardSampler(num_samples, per_process, process_id, options.random_seed if shuffle else None)
-
-
-# -- AsyncRebatched -----------------------------------------------------------------
-def rebatch(source: Iterator[Any], size: int, drop_last: bool) -> Iterator[Any]:
-    """Concatenate / split the batches of ``source`` into batches of ``size`` samples.
-
-    Every batch must have the same structure (tensor, tuple, list, dict, a type
-    with an ``ICustomArgParser``...) of tensors with the same leading (sample) dimension. The leftover samples are a
-    final smaller batch unless ``drop_last``.
-    """
-    spec: pytree.TreeSpec | None = None
-    pending: list[list[torch.Tensor]] = []  # per chunk, its leaves
-    pending_rows = 0
-
-    def merge() -> list[torch.Tensor]:
-        if len(pending) == 1:
-            return pending[0]
-        return [torch.cat(parts) for parts in zip(*pending)]
-
-    for batch in source:
-        register_subclasses(batch)
-        leaves, batch_spec = pytree.tree_flatten(batch)
-        rows = _batch_rows(leaves)
-        if spec is None:
-            spec = batch_spec
-        elif batch_spec != spec:
-            raise InvalidArgumentError(
-                "DataLoaderMode.AsyncRebatched: batches changed structure between two reads",
-                fix="make every sample of the dataset have the same structure")
-        pending.append(leaves)
-        pending_rows += rows
-        while pending_rows >= size:
-            merged = merge()
-            yield pytree.tree_unflatten([leaf[:size] for leaf in merged], spec)
-            pending_rows -= size
-            pending = [[leaf[size:] for leaf in merged]] if pending_rows else []
-    if pending_rows and not drop_last:
-        assert spec is not None
-        yield pytree.tree_unflatten(merge(), spec)
-
-
-def _batch_rows(leaves: list[Any]) -> int:
-    if not leaves or not all(isinstance(leaf, torch.Tensor) and leaf.dim() > 0 for leaf in leaves):
-        raise InvalidArgumentError(
-            "DataLoaderMode.AsyncRebatched needs batches made of tensors with a batch dimension, got "
-            f"{[_type_name(leaf) for leaf in leaves]}",
-            fix="return tensors (or tuples / dicts of tensors) from the dataset, or use DataLoaderMode.Async")
-    rows = {leaf.shape[0] for leaf in leaves}
-    if len(rows) != 1:
-        raise InvalidArgumentError(
-            f"DataLoaderMode.AsyncRebatched: the tensors of one batch have different batch sizes {sorted(rows)}",
-            fix="make every tensor of a batch have the same leading dimension")
-    return rows.pop()
 
 
 # -- Async: background prefetching ----------------------------------------------------
