@@ -6,42 +6,42 @@ them, and ``ipuHardwareVersion()`` names their version (2, a Mk2 IPU, whose memo
 resource model uses). How many there are is ``IPUXL_NUM_IPUS`` (default 64, an
 IPU-POD64); ``IPUXL_NUM_IPUS=0`` makes the machine answer as one without IPUs
 (``ipuHardwareIsAvailable()`` False, ``ipuHardwareVersion()`` raises), for programs that
-take another path there. The count is read at each call; nothing else limits the IPUs
-a program uses. ``isRunningOnIpu`` tells a model's forward whether it runs on the
+take another path there. The count is read at each call; a program that needs more IPUs
+(replicas x IPUs per replica) is refused when compiled to attach, as upstream refuses it
+(``check_ipu_count``: "Too many IPUs requested"). ``isRunningOnIpu`` tells a model's forward whether it runs on the
 (simulated) IPU, i.e. is being captured for a ``trainingModel`` or ``inferenceModel``.
 """
 from __future__ import annotations
 
 import numbers
-import os
 
 from ipuxl.capture.mode import active_mode
-from ipuxl.errors import InvalidArgumentError, InvalidValueError, NoIpuHardwareError
+from ipuxl.device.device_info import DEFAULT_NUM_IPUS, num_simulated_ipus
+from ipuxl.errors import DeviceError, InvalidArgumentError, InvalidValueError, NoIpuHardwareError
 from ipuxl.ir.context import user_source_line
 
-__all__ = ["ipuHardwareIsAvailable", "ipuHardwareVersion", "isRunningOnIpu", "num_simulated_ipus",
+__all__ = ["ipuHardwareIsAvailable", "ipuHardwareVersion", "isRunningOnIpu", "num_simulated_ipus", "check_ipu_count",
            "DEFAULT_NUM_IPUS", "IPU_VERSION", "hasMlirSupportOnPlatform"]
 
-#: the simulated IPUs when ``IPUXL_NUM_IPUS`` is not set (an IPU-POD64)
-DEFAULT_NUM_IPUS = 64
 #: ``ipuHardwareVersion()`` of a simulated IPU: a Mk2 (GC200) IPU
 IPU_VERSION = 2
 
 
-def num_simulated_ipus() -> int:
-    """The simulated IPUs of this machine: ``IPUXL_NUM_IPUS``, else ``DEFAULT_NUM_IPUS``.
+def check_ipu_count(requested: int) -> None:
+    """Refuse a program that needs more IPUs than the machine has (upstream's "Too many IPUs
+    requested (N)" when it acquires the device).
 
     Raises:
-        InvalidValueError: ``IPUXL_NUM_IPUS`` is not a whole number >= 0.
+        DeviceError: (a ``poptorch.Error``) ``requested`` is above ``num_simulated_ipus()``.
     """
-    value = os.environ.get("IPUXL_NUM_IPUS", "").strip()
-    if not value:
-        return DEFAULT_NUM_IPUS
-    if not value.isdigit():
-        raise InvalidValueError(f"IPUXL_NUM_IPUS must be a whole number >= 0, got {value!r}",
-                                where=user_source_line(),
-                                fix="set IPUXL_NUM_IPUS=N for N simulated IPUs (0: no IPUs), or unset it")
-    return int(value)
+    available = num_simulated_ipus()
+    if requested > available:
+        raise DeviceError(f"Too many IPUs requested ({requested}). Experiments that need more than {available} IPUs "
+                          f"cannot run on this machine: it has {available} simulated IPUs (IPUXL_NUM_IPUS).",
+                          where=user_source_line(),
+                          fix="lower replicationFactor (or the IPUs the blocks use), or set IPUXL_NUM_IPUS to at "
+                              f"least {requested}")
+
 
 def hasMlirSupportOnPlatform() -> bool:  # noqa: N802 - PopTorch's name
     """Whether PopTorch's MLIR compiler is available here: never on ipuxl (it compiles

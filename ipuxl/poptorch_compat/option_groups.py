@@ -103,13 +103,37 @@ class OptionGroup:
         self._values: dict[str, Any] = dict(defaults)
         self._defaults: dict[str, Any] = copy.deepcopy(defaults)
 
+    #: option key -> the setter an assignment ``group.key = value`` calls (its checks apply)
+    _ASSIGNED_BY: dict[str, str] = {}
+
     def __setattr__(self, name: str, value: Any) -> None:
         if name.startswith("_"):
             object.__setattr__(self, name, value)
             return
-        raise OptionsError(
-            f"{self._path}.{name} cannot be assigned: options are changed through their setter methods",
-            where=user_source_line(), fix=self._setter_hint(name))
+        self._assign(name, value)
+
+    def _assign(self, name: str, value: Any) -> None:
+        """``group.key = value`` sets option ``key``, as upstream's ``OptionsDict`` does: through
+        its setter when it has one, else stored if of the same type as the current value.
+        A name that is not an option is refused (no attribute is created)."""
+        setter = self._ASSIGNED_BY.get(name)
+        if setter is not None:
+            getattr(self, setter)(value)
+            return
+        values = self.__dict__.get("_values")
+        if values is None or name not in values:
+            raise OptionsError(f"{self._path}.{name} cannot be assigned: it is not an option of {self._path}",
+                               where=user_source_line(), fix=self._setter_hint(name))
+        self._check_not_frozen(name)
+        current = values[name]
+        if isinstance(current, enum.Enum) and not isinstance(value, enum.Enum) and isinstance(value, int) \
+                and value in {m.value for m in type(current)}:
+            value = type(current)(value)
+        if current is not None and not isinstance(value, type(current)):
+            raise OptionsError(f"Unexpected type {type_name(value)} for option {name} of {self._path}. "
+                               f"Expected {type_name(current)}", where=user_source_line(),
+                               fix=self._setter_hint(name))
+        values[name] = value
 
     def _setter_hint(self, name: str) -> str:
         return f"see help({self._path}) for the available setters"
@@ -212,6 +236,7 @@ class JitOptions(OptionGroup):
 
     _path = "Options.Jit"
     _upstream_name = "_JitOptions"
+    _ASSIGNED_BY = {"trace_model": "traceModel"}
 
     def __init__(self, owner: Options | None) -> None:
         super().__init__(owner, trace_model=True)
@@ -232,6 +257,8 @@ class PrecisionOptions(OptionGroup):
 
     _path = "Options.Precision"
     _upstream_name = "_PrecisionOptions"
+    _ASSIGNED_BY = {"half_float_casting": "halfFloatCasting",
+                    "running_statistics_always_float": "runningStatisticsAlwaysFloat"}
 
     def __init__(self, owner: Options | None, popart: PopartOptions) -> None:
         super().__init__(owner, half_float_casting=HalfFloatCastingBehavior.Default,
@@ -294,6 +321,10 @@ class TrainingOptions(OptionGroup):
 
     _path = "Options.Training"
     _upstream_name = "_TrainingOptions"
+    _ASSIGNED_BY = {"gradient_accumulation": "gradientAccumulation",
+                    "accumulation_and_replication_reduction_type": "accumulationAndReplicationReductionType",
+                    "meanAccumulationAndReplicationReductionStrategy":
+                        "setMeanAccumulationAndReplicationReductionStrategy"}
     _always_shown = ("gradient_accumulation",)
 
     def __init__(self, owner: Options | None, popart: PopartOptions) -> None:
@@ -514,6 +545,16 @@ class DistributedOptions(OptionGroup):
     @property
     def numProcesses(self) -> int:  # noqa: N802 - PopTorch's name
         """The number of processes the run is split over (1 when not distributed)."""
+        return self._process_values()[1]
+
+    @property
+    def distributed_process_id(self) -> int:
+        """Upstream's key for :attr:`processId` (``toDict()``'s ``distributed_process_id``)."""
+        return self._process_values()[0]
+
+    @property
+    def num_distributed_processes(self) -> int:
+        """Upstream's key for :attr:`numProcesses` (``toDict()``'s ``num_distributed_processes``)."""
         return self._process_values()[1]
 
     @property

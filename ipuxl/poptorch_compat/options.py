@@ -8,13 +8,15 @@ upstream has, with upstream's argument checks and defaults.
   ``Options().deviceIterations(4).replicationFactor(2)``; the sub-objects are
   ``opts.Training``, ``opts.Precision``, ``opts.Distributed``, ``opts.Jit``,
   ``opts.TensorLocations`` and ``opts._Popart`` (``ipuxl.poptorch_compat.option_groups``).
-* ``toDict()`` gives every value under upstream's keys (one flat dict: the groups'
-  values, ``_Popart``'s PopART options and the Python-side settings); ``clone()`` is an
-  unfrozen deep copy; ``exists(key)`` and read access by key (``opts.log_dir``) work
-  as upstream; ``loadFromFile(path)`` runs one setter call per line.
-* Options freeze once a model is compiled with them or an ``ipuxl.DataLoader`` is built
-  from them (upstream's ``_freeze()``); changing them then raises
+* ``toDict()`` gives every value under upstream's keys (one flat dict); ``clone()`` and
+  ``copy.deepcopy`` give an unfrozen deep copy; ``exists(key)``, read access by key
+  (``opts.log_dir``) and assignment (``opts.replication_factor = 4``: the setter runs)
+  work as upstream; ``loadFromFile(path)`` runs one setter call per line; a new
+  ``Options()`` applies ``POPTORCH_DEFAULT_OPTIONS`` (``options_env``).
+* Options freeze when a model is wrapped or compiled with them or an ``ipuxl.DataLoader``
+  is built from them (upstream's ``_freeze()``); changing them then raises
   :class:`~ipuxl.errors.FrozenOptionsError` (an AttributeError, as upstream).
+  ``model_options`` prepares a model's own copy, as upstream's ``PoplarExecutor``.
 * Bad arguments raise :class:`~ipuxl.errors.OptionsError`, both a ValueError and an
   AssertionError (upstream raises one or the other, setter by setter).
 
@@ -38,8 +40,7 @@ reason for each.
 ipuxl additions: ``staticShapes()``, ``autoOutline()``, ``anchorMode`` (upstream's
 pre-3.0 spelling of ``outputMode``), read-only snake_case properties for the compiler,
 ``device_type``, ``resolved_output_mode``, ``combined_batch_factor`` and ``to_dict()``
-(the values the compiled program depends on). Assigning an attribute
-(``opts.device_iterations = 4``) is refused in favour of the setters.
+(the values the compiled program depends on).
 """
 from __future__ import annotations
 
@@ -53,11 +54,13 @@ import torch
 
 from ipuxl.errors import ConfigFileError, InferenceOptionsError, InvalidArgumentError, OptionsError
 from ipuxl.ir.context import user_source_line
+from ipuxl.poptorch_compat.blocks import PipelinedExecution, ShardedExecution
 from ipuxl.poptorch_compat.enums import CommGroupType, ConnectionType, SyncPattern
 from ipuxl.poptorch_compat.option_groups import (
     DistributedOptions, JitOptions, PopartOptions, PrecisionOptions, TensorLocationOptions, TensorLocationSettings,
     TrainingOptions, check_enum, check_flag, check_int, check_positive_int, check_str, type_name,
 )
+from ipuxl.poptorch_compat.options_env import apply_env_defaults, pristine_options
 from ipuxl.poptorch_compat.recorded_options import RecordedOptions
 
 __all__ = ["AnchorMode", "ConfigFileError", "Options", "OutputMode", "TensorLocationSettings"]
@@ -130,6 +133,13 @@ class Options(RecordedOptions):
 
     _path = "Options"
     _upstream_name = "Options"
+    _ASSIGNED_BY = {
+        "device_iterations": "deviceIterations", "replication_factor": "replicationFactor",
+        "output_mode": "outputMode", "random_seed": "randomSeed", "use_model": "useIpuModel",
+        "static_shapes": "staticShapes", "auto_outline": "autoOutline", "connection_type": "connectionType",
+        "sync_pattern": "syncPattern", "log_dir": "logDir", "auto_round_num_ipus": "autoRoundNumIPUs",
+        "broadcast_buffers": "broadcastBuffers", "show_compilation_progress_bar": "showCompilationProgressBar",
+        "relax_optimizer_attributes_checks": "relaxOptimizerAttributesChecks"}
 
     def __init__(self) -> None:
         super().__init__(None, replication_factor=1, input_group_size=1, input_cgt=CommGroupType.Consecutive,
@@ -141,7 +151,7 @@ class Options(RecordedOptions):
                          module_namescope_enabled=True, source_location_excludes=[], static_shapes=False,
                          auto_outline=True)
         self._frozen = False
-        self._execution_strategy: object | None = None
+        self._execution_strategy: object = PipelinedExecution()  # upstream's default strategy
         self._popart = PopartOptions(self)
         self._training = TrainingOptions(self, self._popart)
         self._distributed = DistributedOptions(self)
@@ -151,6 +161,7 @@ class Options(RecordedOptions):
         cache = os.environ.get("POPTORCH_CACHE_DIR", "")
         if cache:
             self.enableExecutableCaching(cache)
+        apply_env_defaults(self)  # ``POPTORCH_DEFAULT_OPTIONS`` (``options_env``)
 
     def _setter_hint(self, name: str) -> str:
         setter = _SETTERS.get(name)
@@ -167,9 +178,11 @@ class Options(RecordedOptions):
 
     _freeze = freeze  # upstream's (private) spelling, which code written for PopTorch calls
 
-    def _unfreeze(self) -> None:
-        """Allow changes again (upstream's private counterpart of ``_freeze``)."""
+    def unfreeze(self) -> None:
+        """Allow changes again (upstream's private ``_unfreeze``)."""
         self._frozen = False
+
+    _unfreeze = unfreeze
 
     @property
     def frozen(self) -> bool:
@@ -178,8 +191,14 @@ class Options(RecordedOptions):
 
     def clone(self) -> Options:
         """An unfrozen deep copy of these options (the sub-objects included)."""
-        copied = copy.deepcopy(self)
-        copied._frozen = False
+        return copy.deepcopy(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Options:
+        # as upstream's ``OptionsDict.__deepcopy__``: a copy of frozen options is not frozen
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        for key, value in self.__dict__.items():
+            object.__setattr__(copied, key, False if key == "_frozen" else copy.deepcopy(value, memo))
         return copied
 
     # -- sub-objects --------------------------------------------------------------
@@ -478,8 +497,8 @@ class Options(RecordedOptions):
         return CommGroupType(self._values["input_cgt"])
 
     @property
-    def execution_strategy(self) -> object | None:
-        """The strategy given to ``setExecutionStrategy`` (None: upstream's default, pipelined)."""
+    def execution_strategy(self) -> object:
+        """The strategy given to ``setExecutionStrategy`` (default: a ``PipelinedExecution()``, as upstream)."""
         return self._execution_strategy
 
     @property
@@ -506,27 +525,33 @@ class Options(RecordedOptions):
 
     def combined_batch_factor(self, training: bool) -> int:
         """Micro-batches consumed by one run of the model: deviceIterations x
-        gradientAccumulation x replicationFactor (gradient accumulation counts for
-        training only).
-
-        Raises:
-            OptionsError: for inference (``training=False``) with
-                ``Training.gradientAccumulation`` other than 1, which upstream's
-                ``poptorch.inferenceModel`` refuses.
-        """
+        gradientAccumulation (training only) x replicationFactor. For inference, calls
+        :meth:`check_inference_accumulation` first."""
         training = self._training_flag(training, "combined_batch_factor")
+        if not training:
+            self.check_inference_accumulation()
         accumulation = self._training.gradient_accumulation
-        if not training and accumulation != 1:
-            raise InferenceOptionsError(
-                "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its default value "
-                f"(1) when running a poptorch.inferenceModel() (it is {accumulation}: gradient accumulation only "
-                "applies to training).",
-                where=user_source_line(),
-                fix="use options with opts.Training.gradientAccumulation(1) for inference (for example "
-                    "`infer_opts = opts.clone(); infer_opts.Training.gradientAccumulation(1)`); use "
-                    "opts.deviceIterations(n) to process more batches per run")
         factor = self.device_iterations * self.replication_factor
         return factor * accumulation if training else factor
+
+    def check_inference_accumulation(self) -> None:
+        """Raise :class:`~ipuxl.errors.InferenceOptionsError` (a ``poptorch.Error``) with upstream's
+        message for inference with ``Training.gradientAccumulation`` other than 1 (the advice on
+        ``deviceIterations`` is added under a pipelined, not sharded, strategy)."""
+        accumulation = self._training.gradient_accumulation
+        if accumulation == 1:
+            return
+        message = ("You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its default "
+                   "value (1) when running a poptorch.inferenceModel().")
+        strategy = self._execution_strategy
+        if isinstance(strategy, PipelinedExecution) and not isinstance(strategy, ShardedExecution):
+            message += (" Use poptorch.Options().deviceIterations to process a sufficient number of batches each run "
+                        "for pipelined execution instead.")
+        raise InferenceOptionsError(
+            f"{message} (it is {accumulation}: gradient accumulation only applies to training)",
+            where=user_source_line(),
+            fix="use options with opts.Training.gradientAccumulation(1) for inference (for example "
+                "`infer_opts = opts.clone(); infer_opts.Training.gradientAccumulation(1)`)")
 
     @staticmethod
     def _training_flag(training: object, method: str) -> bool:
@@ -562,7 +587,7 @@ class Options(RecordedOptions):
         return merged
 
     def __repr__(self) -> str:
-        core, defaults = self.to_dict(), Options().toDict()
+        core, defaults = self.to_dict(), pristine_options().toDict()
         others = {k: v for k, v in self.toDict().items()
                   if k not in core and k != "use_model" and (k not in defaults or defaults[k] != v)}
         fields = {**core, **others, "frozen": self._frozen}

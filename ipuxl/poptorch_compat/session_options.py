@@ -109,9 +109,9 @@ _SET_ONLY = ("random_seed", "ipu_version", "ipu_id", "model_name", "serial_phase
 
 
 def _known_keys() -> Iterator[str]:
-    from ipuxl.poptorch_compat.options import Options  # (imports this module's importers' module)
+    from ipuxl.poptorch_compat.options_env import pristine_options  # (imports this module's importers' module)
 
-    yield from session_options(Options())
+    yield from session_options(pristine_options())  # upstream's keys, whatever POPTORCH_DEFAULT_OPTIONS sets
     yield from _SET_ONLY
 
 

@@ -184,8 +184,8 @@ def test_pipelined_inference_needs_enough_device_iterations():
     opts = poptorch.Options().deviceIterations(2)
     opts.setExecutionStrategy(_three_stages())
     x, y = _data(1, 6)[0]
-    with pytest.raises(ExecutorError, match=r"depth \(batchesPerStep\) must equal at least the number of pipeline "
-                                            r"stages \(3\)"):
+    with pytest.raises(ExecutorError, match=r"poptorch\.Options\(\)\.deviceIterations must be greater than or equal "
+                                            r"to the number of pipeline stages \(3\)"):
         poptorch.inferenceModel(model, opts)(x, y)
     ok = poptorch.Options().deviceIterations(3)
     ok.setExecutionStrategy(_three_stages())

@@ -98,16 +98,17 @@ def test_validation_error_lists_the_valid_output_modes():
         Options().outputMode(None)
 
 
-def test_attributes_are_read_only():
+def test_assigning_an_option_runs_its_setter_as_upstream():
+    # upstream's OptionsDict.__setattr__: ``opts.key = value`` sets option ``key``
     opts = Options()
-    with raises(OptionsError, "Options.device_iterations cannot be assigned", "opts.deviceIterations(n)"):
-        opts.device_iterations = 4
-    with raises(OptionsError, "Options.Training.gradient_accumulation cannot be assigned",
-                "opts.Training.gradientAccumulation(n)"):
-        opts.Training.gradient_accumulation = 2
-    with raises(OptionsError, "Options.deviceIteration cannot be assigned"):
+    opts.device_iterations = 4
+    opts.Training.gradient_accumulation = 2
+    assert (opts.device_iterations, opts.Training.gradient_accumulation) == (4, 2)
+    with raises(OptionsError, "Options.deviceIterations: device_iterations must be a positive int"):
+        opts.device_iterations = 0  # the setter's checks apply
+    with raises(OptionsError, "Options.deviceIteration cannot be assigned", "not an option"):
         opts.deviceIteration = 4  # a typo must not silently create an attribute
-    assert opts.device_iterations == 1
+    assert opts.device_iterations == 4
 
 
 # -- output modes -------------------------------------------------------------------

@@ -13,7 +13,8 @@ the steps use, one concern each:
   copies between stages and the schedule in ``report()``;
 * ``locations``, ``precision``, ``memory_format``: ``Options.TensorLocations``,
   ``Options.Precision`` and the inputs' memory format as the compile applies them;
-* ``hooks``, ``log``: PopTorch's compile hooks, and what a compile logs.
+* ``hooks``, ``log``: PopTorch's compile hooks, and what a compile logs;
+* ``overlap``: upstream's checks of the ``set_overlap_for_input/output`` marks in the capture.
 
 The compiler produces a program; ``runtime`` runs it. No module here imports ``runtime``
 (``tests/test_layering.py``).

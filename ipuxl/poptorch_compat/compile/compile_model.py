@@ -31,9 +31,11 @@ from ipuxl.ir.graph import Graph
 from ipuxl.ir.ir import Ir
 from ipuxl.ir.tensor import Tensor
 from ipuxl.passes.outline import outline_ir
+from ipuxl.poptorch_compat.compile.overlap import check_overlap
 from ipuxl.poptorch_compat.compile.placement import check_depth, placement
 from ipuxl.poptorch_compat.compile.placement_passes import place_gradients, place_variables
-from ipuxl.poptorch_compat.enums import ReductionType
+from ipuxl.poptorch_compat.enums import ConnectionType, ReductionType
+from ipuxl.poptorch_compat.hardware import check_ipu_count
 from ipuxl.poptorch_compat.compile.locations import apply_tensor_locations
 from ipuxl.poptorch_compat.options import Options
 from ipuxl.poptorch_compat.compile.precision import precision_rules
@@ -66,6 +68,9 @@ def compile_model(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], *
         traced = capture(model, args, kwargs, training=training, outline=options.auto_outline,
                          precision=precision_rules(options))
     stages = placed.finish(traced.gm)
+    check_overlap(traced, options)  # ``set_overlap_for_input/output`` marks, as upstream checks them
+    if options.connection_type is not ConnectionType.Never:  # the IPUs this process attaches
+        check_ipu_count(options.replicas_per_process() * (stages.num_ipus if stages is not None else 1))
     check_depth(stages, training=training, gradient_accumulation=options.gradient_accumulation,
                 device_iterations=options.device_iterations)
     forward = import_forward(traced, options)

@@ -191,6 +191,7 @@ def check_depth(plan: StagePlan | None, *, training: bool, gradient_accumulation
             fix=f"set opts.Training.gradientAccumulation({needed}) or more, or use poptorch.ShardedExecution")
     if not training and device_iterations < needed:
         raise ExecutorError(
-            f"For pipelining, depth (batchesPerStep) must equal at least the number of pipeline stages ({needed}): "
-            f"deviceIterations is {device_iterations}", where=user_source_line(),
+            f"poptorch.Options().deviceIterations must be greater than or equal to the number of pipeline stages "
+            f"({needed}) when using PopTorch.PipelinedExecution. (deviceIterations is {device_iterations})",
+            where=user_source_line(),
             fix=f"set opts.deviceIterations({needed}) or more, or use poptorch.ShardedExecution")

@@ -3,19 +3,32 @@
 ``nop``, ``recomputationCheckpoint``, ``serializedMatMul`` (the product is
 ``torch.matmul``'s), ``set_available_memory``, ``set_overlap_for_input`` /
 ``set_overlap_for_output``, and the scopes ``MultiConv``, ``NameScope`` and ``Attribute``.
+
+Where PopTorch diagnoses a misuse in the traced graph, so does ipuxl:
+
+* while a model is captured, ``set_overlap_for_input/output`` return a copy of each tensor
+  (an ``aten.clone`` node whose ``OVERLAP`` meta is ``(side, mode)``), so that
+  ``compile.overlap.check_overlap`` can check, after the capture, that the mark is the only
+  use of a model input, or a model output returned once, as upstream does;
+* ``MultiConv`` refuses to nest, and a captured scope without a convolution raises
+  (upstream's "Unexpected end_multi_conv").
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+import threading
+
 import torch
+import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from torch.utils import _pytree as pytree
 
 from ipuxl.poptorch_compat.enums import MatMulSerializationMode, MultiConvPlanType, OverlapMode
 from ipuxl.poptorch_compat.ops.arguments import bad_arg, check_tensor
 
 __all__ = [
-    "nop", "recomputationCheckpoint", "serializedMatMul", "set_available_memory", "set_overlap_for_input",
+    "OVERLAP", "nop", "recomputationCheckpoint", "serializedMatMul", "set_available_memory", "set_overlap_for_input",
     "set_overlap_for_output", "MultiConv", "NameScope", "Attribute",
 ]
 
@@ -83,6 +96,10 @@ def set_available_memory(tensor: torch.Tensor, available_memory_proportion: floa
     return tensor
 
 
+#: fx node meta of a captured ``set_overlap_for_input/output`` mark: ``("input" | "output", OverlapMode)``
+OVERLAP = "poptorch_overlap"
+
+
 def _set_overlap(tensors: Any, mode: OverlapMode, side: str) -> Any:
     if not isinstance(mode, OverlapMode):
         raise bad_arg(f"set_overlap_for_{side}: mode must be a poptorch.OverlapMode, got {mode!r}",
@@ -90,7 +107,21 @@ def _set_overlap(tensors: Any, mode: OverlapMode, side: str) -> Any:
     leaves, spec = pytree.tree_flatten(tensors)
     for leaf in leaves:
         check_tensor(leaf, f"You may only set overlap for torch.tensor {side}s.")
+    proxy_mode = get_proxy_mode()
+    if proxy_mode is not None:  # captured: a marked copy, checked after the capture (``compile.overlap``)
+        leaves = [_marked_copy(leaf, proxy_mode.tracer, (side, mode)) for leaf in leaves]
     return pytree.tree_unflatten(leaves, spec)
+
+
+def _marked_copy(tensor: torch.Tensor, tracer: Any, mark: tuple[str, OverlapMode]) -> torch.Tensor:
+    graph = tracer.graph
+    before = len(graph.nodes)
+    copied = tensor.clone()
+    clones = [node for node in list(graph.nodes)[before:]
+              if node.op == "call_function" and node.target is torch.ops.aten.clone.default]
+    if clones:  # the copy's node (the capture may record casts around it)
+        clones[-1].meta[OVERLAP] = mark
+    return copied
 
 
 def set_overlap_for_input(input_tensors: Any, mode: OverlapMode) -> Any:
@@ -121,6 +152,8 @@ class MultiConv:
         self._per_conv_reserved_tiles: int | None = None
         self._cycle_back_off: float | None = None
         self._enable_conv_ditherings: Sequence[bool] | None = None
+        self._graph: fx.Graph | None = None  # the captured graph the scope opened in, and its length then
+        self._start = 0
 
     @staticmethod
     def _per_conv(name: str, value: Any, kind: type) -> Any:
@@ -180,11 +213,34 @@ class MultiConv:
         self._cycle_back_off = value
         return self
 
-    def __enter__(self) -> None:
-        return None
+    _active = threading.local()  # ``depth``: the MultiConv scopes open in this thread
 
-    def __exit__(self, *exc: Any) -> None:
-        return None
+    def __enter__(self) -> None:
+        depth = getattr(MultiConv._active, "depth", 0)
+        if depth:
+            raise bad_arg("Nested poptorch.MultiConv is not supported",
+                          "close the outer poptorch.MultiConv scope before opening another one")
+        MultiConv._active.depth = depth + 1
+        proxy_mode = get_proxy_mode()
+        self._graph = proxy_mode.tracer.graph if proxy_mode is not None else None
+        self._start = len(self._graph.nodes) if self._graph is not None else 0
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        MultiConv._active.depth = 0
+        graph, self._graph = self._graph, None
+        if exc_type is not None or graph is None:
+            return
+        added = list(graph.nodes)[self._start:]
+        if not any(_may_convolve(node) for node in added):
+            raise bad_arg("Unexpected end_multi_conv: no convolution ran inside this poptorch.MultiConv scope",
+                          "put the convolutions to combine inside `with poptorch.MultiConv():`, or remove the scope")
+
+
+def _may_convolve(node: fx.Node) -> bool:
+    """A captured node that is (or may hold: a call of another graph) a convolution."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return node.op not in ("placeholder", "get_attr", "output")
+    return "conv" in node.target.name()
 
 
 class NameScope:
