@@ -1,5 +1,12 @@
 """What a failed or refused trace tells the user: ``TraceError``s that keep torch's type.
 
+* ``raised_by_forward``: an exception the user's own code raised (its ``raise`` statement,
+  or a Python operation on its line: ``ValueError("Hi")``, ``some_list[9]``, a failed
+  ``assert`` on shapes) reaches the caller as itself, with its type, message and notes
+  unchanged, as PopTorch lets it through (its traceback shows the user's line);
+  ``note_capture`` records that line as its ``where``, as ipuxl's errors have one.
+* ``refuse_tensor_slice``: ``t[start:end]`` with tensor bounds gets PopTorch's error (its
+  size would depend on their values); a boolean-mask index gets PopTorch's words too.
 * ``trace_error``: an exception raised while a module's forward ran under make_fx
   becomes a ``TraceError`` naming the module and the user's line. When eager
   PyTorch would raise a built-in type for the same call (a ``TypeError`` for a bad
@@ -32,10 +39,11 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ipuxl.errors import TraceError, builtin_type, with_builtin
-from ipuxl.ir.context import traceback_source_line
+from ipuxl.ir.context import traceback_source_line, user_source_line
 from ipuxl.source import is_user_file
 
-__all__ = ["trace_error", "error_class", "eager_error", "refuse_data_dependent", "user_line", "DATA_DEPENDENT"]
+__all__ = ["refuse_tensor_slice", "raised_by_forward", "note_capture", "trace_error", "error_class", "eager_error",
+           "refuse_data_dependent", "user_line", "DATA_DEPENDENT"]
 
 # words in torch's messages that mean "a tensor's value decided something at trace time"
 DATA_DEPENDENT = ("DataDependent", "data-dependent", "data dependent", "GuardOnDataDependent", "item()",
@@ -114,6 +122,54 @@ def _is_data_dependent(exc: Exception) -> bool:
     return any(k in f"{type(exc).__name__} {exc}" for k in DATA_DEPENDENT)
 
 
+SLICE_SIZE = ("The size of the sliced tensor must be a constant for each execution of the model when running "
+              "on the IPU.")
+_INDEXING = frozenset({torch.Tensor.__getitem__, torch.Tensor.__setitem__})
+
+
+def refuse_tensor_slice(func: Callable, args: tuple, failure: Exception) -> None:
+    """PopTorch's error for ``t[start:end]`` with tensor bounds (``failure``: their values,
+    unknown at capture, were needed for the slice's size)."""
+    if func not in _INDEXING or len(args) < 2 or not _is_data_dependent(failure):
+        return
+    index = args[1] if isinstance(args[1], tuple) else (args[1],)
+    if any(isinstance(i, slice) and any(isinstance(b, torch.Tensor) for b in (i.start, i.stop, i.step))
+           for i in index):
+        raise TraceError(f"{SLICE_SIZE} A slice t[start:end] with tensor bounds has a size that depends on their "
+                         "values, which are not known while capturing", where=user_line_of(failure),
+                         fix="slice a constant size from a tensor start with poptorch.dynamic_slice(t, dim, start, "
+                             "size, step)") from failure
+
+
+def user_line_of(exc: BaseException) -> str | None:
+    """The user's line in ``exc``'s traceback, else the innermost user frame calling now."""
+    return traceback_source_line(exc.__traceback__) or user_source_line()
+
+
+def raised_by_forward(exc: BaseException) -> bool:
+    """Whether the user's code raised ``exc`` itself: the innermost frame of its traceback is
+    in a user file (not torch's, ipuxl's or the standard library's; installed libraries
+    count as the user's), so no torch or ipuxl machinery failed."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return is_user_file(tb.tb_frame.f_code.co_filename)
+
+
+def note_capture(exc: BaseException) -> None:
+    """Record on ``exc`` (raised by a forward while it was captured) the user's line, as the
+    ``where`` that ipuxl's own errors carry, unless it has one; ``str(exc)`` and its notes are
+    unchanged (``pytest.raises(match=)`` reads both), and its traceback shows the line too."""
+    where = traceback_source_line(exc.__traceback__)
+    if where is not None and not hasattr(exc, "where"):
+        try:
+            exc.where = where  # type: ignore[attr-defined]
+        except AttributeError:  # an exception class with __slots__ or a read-only ``where``
+            pass
+
+
 def trace_error(module_name: str, exc: Exception) -> TraceError:
     """The ``TraceError`` for ``exc``, raised while tracing module ``module_name`` (see the
     module docstring); raise it ``from exc``."""
@@ -160,12 +216,6 @@ def trace_error(module_name: str, exc: Exception) -> TraceError:
 # constants alone are read at capture (``capture.known_values``); these are for masks
 # and the like that come from the module's inputs.
 _LIBRARY_CHECKS = {
-    "_detect_is_causal_mask": (
-        "tensor values are not known while capturing: nn.Transformer / nn.TransformerEncoder / "
-        "nn.TransformerDecoder compare the attention mask given to them with a causal mask to choose a "
-        "faster path; say which it is instead: pass is_causal=True or False to TransformerEncoder.forward "
-        "(tgt_is_causal= / memory_is_causal= to nn.Transformer.forward and TransformerDecoder.forward), or "
-        "build the mask inside forward from constants (nn.Transformer.generate_square_subsequent_mask(n))"),
     "flex_attention_mask": (
         "tensor values are not known while capturing: Hugging Face's flex-attention mask checks whether the "
         "attention mask is all ones before adding its padding; use attn_implementation='sdpa' (same results), or "
@@ -225,10 +275,24 @@ def refuse_data_dependent(gm: fx.GraphModule, module_name: str) -> None:
         op = _op_name(node)
         fix = next((form for key, form in _STATIC_FORMS.items() if key in op), _GENERIC_FORM)
         raise TraceError(
-            f"module {module_name} uses aten.{op}, whose output shape depends on tensor values (shape "
+            f"{_BOOL_MASK if _bool_mask_index(node) else ''}module {module_name} uses aten.{op}, whose output "
+            "shape depends on tensor values (shape "
             f"{shape}); like PopTorch, ipuxl needs every shape known when the program is compiled "
             "(boolean-mask indexing x[mask], nonzero, masked_select, bincount and unique have such shapes)",
             where=user_line(node.meta.get("stack_trace")), fix=fix)
+
+
+_BOOL_MASK = ("Indexing using boolean or byte tensor masks is unsupported because it would produce dynamic output "
+              "shapes based on the mask values. The IPU cannot support dynamic output shapes. ")
+
+
+def _bool_mask_index(node: fx.Node) -> bool:
+    """An ``aten.index`` whose indices include a boolean or byte mask."""
+    if node.target not in (torch.ops.aten.index.Tensor, torch.ops.aten._unsafe_index.Tensor) or len(node.args) < 2:
+        return False
+    masks = node.args[1] if isinstance(node.args[1], (list, tuple)) else ()
+    return any(isinstance(i, fx.Node) and getattr(i.meta.get("val"), "dtype", None) in (torch.bool, torch.uint8)
+               for i in masks)
 
 
 def _unknown_shape(val: object) -> tuple | None:

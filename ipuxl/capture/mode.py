@@ -4,13 +4,16 @@
 (``DropoutMode``), gives autograd its eager meaning (``capture.grad_mode``), makes
 tensors from outside the module constants (``capture.constants``) and records the
 tensors that came out of torch loss functions; in-place composites that functionalize
-refuses run as the ops they stand for (``capture.inplace``). ``capturing`` makes it
-the active capture, which ``identity_loss`` and outlined blocks consult.
+refuses run as the ops they stand for (``capture.inplace``); the IPU's device names
+(``device="ipu"`` / ``"xla"``) mean the capture's device (``capture.devices``).
+``capturing`` makes it the active capture, which ``identity_loss``, outlined blocks and
+``poptorch._impl.isDispatchTracing`` consult.
 
-The loss is found as PopTorch finds it (``find_loss``): the output produced by a
-torch loss function (``F.cross_entropy``, ``nn.MSELoss``...) or marked with
-``ipuxl.identity_loss``; failing that, the single scalar float output. One tensor
-returned at several positions is one candidate.
+The loss is found as PopTorch finds it (``find_loss``): of the losses (outputs of a
+torch loss function, ``F.cross_entropy``, ``nn.MSELoss``..., or marked with
+``ipuxl.identity_loss``), the one no other loss is computed from (``capture.losses``);
+failing that, the single scalar float output. One tensor returned at several positions
+is one candidate.
 
 ``Precision`` holds PopTorch's float16 rules for a capture (``Options.Precision``):
 with ``downcast_to_half`` (``HalfFloatCastingBehavior.FloatDowncastToHalf``) an op
@@ -34,16 +37,21 @@ import torch
 import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 
+from ipuxl.capture.causal_masks import causal_mask_hints
 from ipuxl.capture.compiling import compiling_state
 from ipuxl.capture.custom_functions import intercepting_functions
 from ipuxl.capture.constants import OutsideTensors
+from ipuxl.capture.ctc_loss import CTC_FUNCTIONS, ctc_loss
+from ipuxl.capture.devices import on_capture_device
 from ipuxl.capture.dropout import ATTENTION_ARGS, ATTENTION_DEFAULTS, DropoutMode
-from ipuxl.capture.failures import eager_error
+from ipuxl.capture.failures import eager_error, refuse_tensor_slice
 from ipuxl.capture.flex_attention import flex_attention_as_math
 from ipuxl.capture.grad_mode import NOT_HANDLED, REQUIRES, GradTracker, is_inplace
 from ipuxl.capture.inplace import REPLACEMENTS as INPLACE_REPLACEMENTS
+from ipuxl.capture.losses import LossCandidates
 from ipuxl.capture.known_values import NOT_KNOWN, KnownValues
-from ipuxl.capture.mutable_ops import call_functionally, written_arguments
+from ipuxl.capture.meta_checks import int_conditions
+from ipuxl.capture.mutable_ops import call_functionally, call_out_variant, refused_out_variant, written_arguments
 from ipuxl.capture.reductions import NOT_PROD, static_prod
 from ipuxl.capture.runtime_checks import assert_statements
 from ipuxl.errors import IpuxlError, OpArgumentError, TraceError
@@ -97,6 +105,7 @@ class CaptureMode(DropoutMode):
         super().__init__(seed)
         self.losses: list[torch.Tensor] = []
         self.marked: list[torch.Tensor] = []
+        self.candidates = LossCandidates()  # both, and which losses each tensor uses (``capture.losses``)
         self.grads = grads
         self.precision = precision
         self.outside = OutsideTensors(to_meta=seed.device.type == "meta")
@@ -104,12 +113,13 @@ class CaptureMode(DropoutMode):
         self.known = None if seed.device.type == "meta" else KnownValues()
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        args, kwargs = self.outside.lift(func, args, kwargs or {})
+        args, kwargs = self.outside.lift(func, *on_capture_device(func, args, kwargs or {}))
         if self.known is not None:
             answer = self.known.read(func, args, kwargs)
             if answer is not NOT_KNOWN:
                 return answer
         out = self._dispatch(func, args, kwargs)
+        self.candidates.follow((args, kwargs), out)
         if self.known is not None:
             self.known.record(func, args, kwargs, out)
         return out
@@ -182,6 +192,9 @@ class CaptureMode(DropoutMode):
         except IpuxlError:
             raise
         except Exception as exc:
+            if refused_out_variant(kwargs, exc):  # ``torch.matmul(a, b, out=t)``
+                return call_out_variant(self.call, func, args, kwargs, self.grads, exc)
+            refuse_tensor_slice(func, args, exc)
             eager = eager_error(func, args, kwargs, exc)
             if eager is None:
                 raise
@@ -193,21 +206,23 @@ class CaptureMode(DropoutMode):
         (``kernels.checks``): traced as is, an out-of-range class would give a zero row.
         An in-place composite that functionalize refuses runs as the op it stands for
         (``capture.inplace``), a custom op that writes its arguments as a functional call
-        (``capture.mutable_ops``)."""
+        (``capture.mutable_ops``). CTC losses run with static shapes (``capture.ctc_loss``)."""
         func = INPLACE_REPLACEMENTS.get(func, func)
         if written := written_arguments(func):
             return call_functionally(func, written, args, kwargs, self.grads)
         if func is F.one_hot:
             if not _known_classes(args, kwargs):
-                raise TraceError("F.one_hot without num_classes: its output shape depends on the largest index "
-                                 "(a tensor value), and every shape must be known when the program is compiled",
+                raise TraceError("OneHot num classes must be specified and must be constant. F.one_hot without "
+                                 "num_classes: its output shape depends on the largest index (a tensor value), and "
+                                 "every shape must be known when the program is compiled",
                                  where=user_source_line(), fix="pass num_classes, e.g. F.one_hot(labels, 10)")
             return checked_one_hot(*args, **kwargs)
         if func is F.scaled_dot_product_attention and self._mask_needs_grad(args, kwargs):
             return self._math_attention(args, kwargs)
-        out = super().call(func, args, kwargs)
+        out = ctc_loss(func, args, kwargs) if func in CTC_FUNCTIONS else super().call(func, args, kwargs)
         if func in _LOSS_FUNCTIONS:
             self.losses.append(out)
+            self.candidates.add(out, (args, kwargs))
         return out
 
 
@@ -242,11 +257,14 @@ def capturing(mode: CaptureMode) -> Iterator[CaptureMode]:
     """Enter ``mode`` as this thread's active capture (see ``active_mode``); library code
     asking ``torch.compiler.is_compiling()`` meanwhile hears True (``capture.compiling``),
     a model's autograd.Functions keep their backward (``capture.custom_functions``),
-    flex attention runs its dense math (``capture.flex_attention``) and an ``assert`` on tensor
-    values becomes a runtime check (``capture.runtime_checks``)."""
+    flex attention runs its dense math (``capture.flex_attention``), an ``assert`` on tensor
+    values becomes a runtime check (``capture.runtime_checks``) and a transformer's causal-mask
+    check on a mask of unknown values answers False (``capture.causal_masks``); ``torch._check``
+    takes an ``int`` condition as its truth value (``capture.meta_checks``)."""
     _state.mode = mode
     try:
-        with mode, compiling_state(), intercepting_functions(), flex_attention_as_math(), assert_statements():
+        with mode, compiling_state(), intercepting_functions(), flex_attention_as_math(), assert_statements(), \
+                causal_mask_hints(), int_conditions():
             yield mode
     finally:
         _state.mode = None
@@ -276,21 +294,27 @@ def identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:
     mode = active_mode()
     if mode is not None:
         mode.marked.append(out)
+        mode.candidates.add(out, x)
     return out
 
 
-def find_loss(flat: list[torch.Tensor], mode: CaptureMode) -> int | None:
-    """The position of the loss among a forward's output leaves (see the module docstring).
+def find_loss(flat: list[torch.Tensor], mode: CaptureMode) -> tuple[int | None, int]:
+    """The position of the loss among a forward's output leaves (see the module docstring),
+    and how many final losses the outputs use (``capture.losses``: more than one is an error).
 
-    Returns None when there is no candidate, and ``-n`` when ``n`` outputs are equally
-    likely candidates (ambiguous).
+    The one final loss, when it is an output; failing that (no loss, or one the outputs only
+    use: ``return out, loss * 2``), the single scalar float output. The position is None
+    when there is no candidate, and ``-n`` when ``n`` outputs are equally likely candidates
+    (ambiguous).
     """
-    for group in (mode.marked, mode.losses):
-        hits = [i for i, v in enumerate(flat) if any(v is m for m in group)]
+    final = mode.candidates.final(flat)
+    if len(final) == 1:
+        loss = mode.candidates.tensors[final[0]]
+        hits = [i for i, v in enumerate(flat) if v is loss]
         if hits:
-            return _one_of(flat, hits)
+            return _one_of(flat, hits), 1
     scalars = [i for i, v in enumerate(flat) if v.dim() == 0 and v.dtype.is_floating_point]
-    return _one_of(flat, scalars) if scalars else None
+    return (_one_of(flat, scalars) if scalars else None), len(final)
 
 
 def _one_of(flat: list[torch.Tensor], hits: list[int]) -> int:

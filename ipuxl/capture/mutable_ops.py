@@ -8,6 +8,10 @@ arguments the op writes, and each of those arguments is then updated with ``copy
 functional form that torch.compile's ``auto_functionalized`` gives the same call. A buffer the
 op writes is updated on the device, as an in-place aten op's would be.
 
+The ``out=`` form of some of torch's composite functions (``torch.matmul(a, b, out=t)``) is
+refused in the same words; ``call_out_variant`` runs it as the function without ``out`` and a
+``copy_`` of the result into ``out`` (which is also returned), as eager writes it.
+
 Such an op has no autograd formula (``register_autograd`` refuses one), and eager autograd
 knows nothing of its writes. A capture refuses the calls where that would matter: one that
 writes a tensor that needs a gradient, or returns results while an input needs one.
@@ -24,7 +28,7 @@ from ipuxl.errors import TraceError
 from ipuxl.ir.context import user_source_line
 from ipuxl.kernels.custom_ops import call_layout
 
-__all__ = ["written_arguments", "call_functionally"]
+__all__ = ["written_arguments", "call_functionally", "refused_out_variant", "call_out_variant"]
 
 _BUILT_IN = ("aten", "prims", "ipuxl")
 
@@ -89,3 +93,31 @@ def _refuse_gradients(op: Any, written: list[str], targets: list[torch.Tensor], 
                      where=user_source_line(),
                      fix="write only into tensors that need no gradient (buffers), or make the op functional "
                          "(mutates_args=(), returning new tensors) and give it a formula with register_autograd")
+
+
+_ALIAS_REFUSAL = "whose output has alias annotations"
+
+
+def refused_out_variant(kwargs: dict, failure: Exception) -> bool:
+    """Whether ``failure`` is functionalize's refusal of a call given one tensor as ``out=``."""
+    return isinstance(kwargs.get("out"), torch.Tensor) and _ALIAS_REFUSAL in str(failure)
+
+
+def call_out_variant(call: Callable[[Callable, tuple, dict], Any], func: Callable, args: tuple, kwargs: dict,
+                     grads: GradTracker | None, failure: Exception) -> torch.Tensor:
+    """``func(*args, out=out)`` as ``out.copy_(func(*args))``, returning ``out`` (``call`` runs
+    ``func``); eager's error when an argument requires grad, and ``failure`` again when the
+    result's shape or dtype is not ``out``'s (eager would resize or refuse)."""
+    out: torch.Tensor = kwargs["out"]
+    rest = {k: v for k, v in kwargs.items() if k != "out"}
+    tensors = [v for v in pytree.tree_leaves((args, rest)) if isinstance(v, torch.Tensor)]
+    requires = any(bool(grads.flags(t) & REQUIRES) if grads is not None else t.requires_grad for t in tensors)
+    if requires and torch.is_grad_enabled():
+        name = getattr(func, "__name__", str(func))
+        raise RuntimeError(f"{name}(): functions with out=... arguments don't support automatic differentiation, "
+                           "but one of the arguments requires grad.")
+    result = call(func, args, rest)
+    if not isinstance(result, torch.Tensor) or result.shape != out.shape or result.dtype != out.dtype:
+        raise failure
+    out.copy_(result)
+    return out

@@ -44,18 +44,19 @@ from ipuxl.capture.blocks import (
 )
 from ipuxl.capture.custom_functions import route_custom_functions
 from ipuxl.capture.dropout import SEED_DTYPE, SEED_SHAPE, random_op
-from ipuxl.capture.failures import refuse_data_dependent, trace_error
+from ipuxl.capture.failures import note_capture, raised_by_forward, refuse_data_dependent, trace_error
 from ipuxl.capture.random_ops import unseeded_op_error
 from ipuxl.capture.runtime_checks import materialize_checks
 from ipuxl.capture.grad_mode import GradTracker
 from ipuxl.capture.matmuls import fold_broadcast_matmuls
+from ipuxl.capture.losses import MULTIPLE_LOSSES, NO_LOSS
 from ipuxl.capture.mode import CaptureMode, Precision, capturing, find_loss
 from ipuxl.capture.module_state import call_with_state
 from ipuxl.capture.mutations import extract_mutations
 from ipuxl.capture.node_sources import recording_sources
 from ipuxl.capture.outputs import flatten_objects
 from ipuxl.capture.nodes import output_nodes, placeholders, spec_of
-from ipuxl.errors import TraceError
+from ipuxl.errors import IpuxlError, TraceError
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.meta import ROLE, Role
 from ipuxl.ir.tensor import TensorSpec
@@ -223,6 +224,7 @@ class _ForwardRecord:
     n_dropouts: int = 0
     has_losses: bool = False
     loss_index: int | None = None
+    final_losses: int = 0  # losses of the outputs that no other loss uses (``capture.losses``)
 
 
 def _trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, *, training: bool, need_loss: bool,
@@ -254,7 +256,7 @@ def _trace(module: torch.nn.Module, args: tuple, kwargs: dict | None, *, trainin
         loss_index=record.loss_index, mutated=mutated, static_args=call.static_leaves(),
         n_dropouts=record.n_dropouts, has_losses=record.has_losses, mutated_inputs=mutated_inputs)
     if need_loss:
-        _check_loss(traced, module)
+        _check_loss(traced, module, record.final_losses)
     return traced
 
 
@@ -322,7 +324,8 @@ def _functional_forward(module: torch.nn.Module, call: FlatCall, params: dict[st
                              where=forward_source(module),
                              fix="return tensors (or tuples/lists/dicts of tensors) from forward")
         record.n_dropouts, record.has_losses = mode.n_dropouts, bool(mode.marked or mode.losses)
-        record.loss_index = find_loss(flat, mode) if need_loss else None
+        if need_loss:
+            record.loss_index, record.final_losses = find_loss(flat, mode)
         return flat
 
     return fn
@@ -338,9 +341,12 @@ def _make_fx(fn: Callable[..., list[torch.Tensor]], module: torch.nn.Module, *ex
             route_custom_functions(gm)
             route_grad_hooks(gm)
             return gm
-    except (TraceError, NeedBlock):
+    except (IpuxlError, NeedBlock):  # ipuxl's own errors (a refused op, a misused ipuxl call) as they are
         raise
     except Exception as exc:  # torch raises many kinds while tracing; all mean "cannot capture this"
+        if raised_by_forward(exc):  # the user's own exception: itself, as PopTorch lets it through
+            note_capture(exc)
+            raise
         raise trace_error(type(module).__name__, exc) from exc
 
 
@@ -388,12 +394,18 @@ def _refuse_random_ops(gm: fx.GraphModule, module: torch.nn.Module) -> None:
         raise unseeded_op_error(op, type(module).__name__, forward_source(module))
 
 
-def _check_loss(traced: TracedModule, module: torch.nn.Module) -> None:
+def _check_loss(traced: TracedModule, module: torch.nn.Module, final_losses: int) -> None:
     index = traced.loss_index
     shapes = [s.shape for s in traced.output_specs]
+    if final_losses > 1:
+        raise TraceError(
+            f"{MULTIPLE_LOSSES} Training model {traced.name} returns {final_losses} losses (torch loss functions "
+            "or identity_loss) of which none is computed from the others", where=forward_source(module),
+            fix="combine them into the one loss to minimise, e.g. "
+                "poptorch.identity_loss(loss1 + loss2, reduction='none')")
     if index is None:
         raise TraceError(
-            f"training model {traced.name} returns no loss (outputs of shapes {shapes})",
+            f"{NO_LOSS}: training model {traced.name} returns no loss (outputs of shapes {shapes})",
             where=forward_source(module),
             fix="return the loss from forward, e.g. `return output, loss` with loss from a torch loss "
                 "function, or wrap a custom loss with ipuxl.identity_loss(loss, reduction='mean'); "

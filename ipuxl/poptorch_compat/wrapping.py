@@ -10,6 +10,10 @@ already gives the device's current values (``runtime.weights``), and a host writ
 reaches the device before its next run. So ``unwrapModelIfNecessary`` only brings the
 host module up to date (reading its tensors does that), and ``rewrapModelIfNecessary``
 has nothing to restore.
+
+``isDispatchTracing`` is upstream's flag for "PopTorch's dispatcher is tracing the model's
+forward" (set while its ``IPUScope`` is entered): on ipuxl, True while a forward is captured
+for the device, False otherwise (eagerly, and between calls).
 """
 from __future__ import annotations
 
@@ -17,7 +21,9 @@ import itertools
 
 import torch
 
-__all__ = ["unwrapModelIfNecessary", "rewrapModelIfNecessary"]
+from ipuxl.capture.mode import active_mode
+
+__all__ = ["unwrapModelIfNecessary", "rewrapModelIfNecessary", "isDispatchTracing"]
 
 
 def unwrapModelIfNecessary(model: torch.nn.Module) -> None:  # noqa: N802 - PopTorch's name
@@ -29,3 +35,9 @@ def unwrapModelIfNecessary(model: torch.nn.Module) -> None:  # noqa: N802 - PopT
 def rewrapModelIfNecessary(model: torch.nn.Module) -> None:  # noqa: N802 - PopTorch's name
     """Undo ``unwrapModelIfNecessary``: nothing to restore on ipuxl (parameters stay plain tensors)."""
     del model  # ipuxl never marks parameters, so there is no mark to put back
+
+
+def isDispatchTracing() -> bool:  # noqa: N802 - PopTorch's name
+    """True while ipuxl captures a model's forward for the device (upstream: while PopTorch's
+    dispatcher traces it), False otherwise."""
+    return active_mode() is not None
