@@ -3,7 +3,9 @@
 A ``CompiledModel`` owns the user's module, compiles it on the first call
 (``compile.compile_model``: capture, IR, autodiff, step program, outlining) and runs it
 on a ``Session``: one call is one ``Session.run`` of ``deviceIterations`` steps over the
-combined batch. It recompiles when a call's inputs change (``compile.log`` says why).
+combined batch. A later call with the compiled inputs runs the program; another one raises
+PopTorch's error under PopTorch's contract, or compiles again with ipuxl's own API
+(``call_inputs``; ``compile.log`` says why). After ``destroy()`` a call compiles again.
 ``runtime.executor.PoplarExecutor`` adds PopTorch's introspection and file API to it.
 
 With ``replicationFactor(R)`` the program runs R data-parallel replicas (see
@@ -31,16 +33,13 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch.utils import _pytree as pytree
 
-from ipuxl.capture.arguments import canonical_call
-from ipuxl.capture.dropout import seed_words
 from ipuxl.capture.trace import parameter_hooks
 from ipuxl.device.profile import Profile
 from ipuxl.device.session import Session, device_for
 from ipuxl.dtypes import to_numpy_dtype
 from ipuxl.errors import (
-    AlreadyWrappedError, DetachedError, DeviceError, ExecutorError, InvalidArgumentError, StreamInputError, TraceError,
+    DetachedError, DeviceError, ExecutorError, InvalidArgumentError, StreamInputError, TraceError,
 )
 from ipuxl.ir.context import user_source_line
 from ipuxl.poptorch_compat.compile.anchors import gather_anchors, plan_anchors
@@ -57,8 +56,13 @@ from ipuxl.poptorch_compat.compile.memory_format import choose as choose_memory_
 from ipuxl.poptorch_compat.compile.program import StartValues, hyper_values, optimizer_structure
 from ipuxl.poptorch_compat.compile.report import annotate_report
 from ipuxl.poptorch_compat.compile.translate import AttributeChecks, ParamPlan, check_replacement, translate
+from ipuxl.poptorch_compat.model_options import model_options, resolve_mean_reduction_strategy
 from ipuxl.poptorch_compat.options import Options
+from ipuxl.poptorch_compat.runtime.call_inputs import (
+    CompiledCall, bind_call, keyword_form, poptorch_contract, warn_inputs_requiring_grad,
+)
 from ipuxl.poptorch_compat.runtime.connection import attaches, refuse_offline
+from ipuxl.poptorch_compat.runtime.live_models import LIVE, WithLoss, initial_seed, refuse_second_training_wrapper
 from ipuxl.poptorch_compat.runtime.executable_file import input_specs
 from ipuxl.poptorch_compat.runtime.perf import CallTimes
 from ipuxl.poptorch_compat.runtime.weight_sync import Compiled, WeightSync
@@ -70,44 +74,7 @@ __all__ = ["CompiledModel", "refuse_second_training_wrapper", "NO_EXECUTABLE"]
 #: PopTorch's message when a method needs a compiled executable
 NO_EXECUTABLE = "Model has not been compiled or has been destroyed."
 
-_LIVE: "weakref.WeakSet[CompiledModel]" = weakref.WeakSet()
 _LOG = logging.getLogger("poptorch::python")
-
-
-def _warn_inputs_requiring_grad(call: tuple[tuple, dict[str, Any]]) -> None:
-    """Upstream's warning, once per input tensor of a compiled call, for an input that
-    requires grad: the device program takes its value only (no gradient flows back to it)."""
-    for leaf in pytree.tree_leaves(call):
-        if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
-            _LOG.warning("Input tensor has requires_grad=True set. This tensor will be detached because "
-                         "backward pass via inputs is not supported.")
-
-
-def refuse_second_training_wrapper(model: torch.nn.Module) -> None:
-    """Refuse to wrap ``model`` for training while a live training model wraps it.
-
-    Raises:
-        AlreadyWrappedError: a training model that was not destroyed wraps ``model``.
-    """
-    for other in list(_LIVE):
-        if other.training and not other._destroyed and other._user_model is model:
-            raise AlreadyWrappedError(
-                "Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy() on the model to "
-                f"unwrap before wrapping again. (the module: {type(model).__name__})",
-                where=user_source_line(),
-                fix="call destroy() on the existing training model (it copies the weights back) before wrapping "
-                    "the module again, or keep using the existing one")
-
-
-class _WithLoss(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module, loss: Callable[[Any, Any], torch.Tensor]):
-        super().__init__()
-        self.model = model
-        self.loss_fn = loss
-
-    def forward(self, *args: Any) -> tuple[Any, torch.Tensor]:
-        output = self.model(*args[:-1])
-        return output, self.loss_fn(output, args[-1])
 
 
 class CompiledModel:
@@ -120,23 +87,23 @@ class CompiledModel:
         if not isinstance(model, torch.nn.Module):
             raise InvalidArgumentError(f"expected an nn.Module, got {type(model).__name__}",
                                        where=user_source_line(), fix="wrap a torch.nn.Module")
-        if options is not None and not isinstance(options, Options):
-            raise InvalidArgumentError(f"options must be ipuxl.Options, got {type(options).__name__}",
-                                       where=user_source_line(), fix="pass ipuxl.Options()")
         self._user_model = model
-        self._model = model if loss is None else _WithLoss(model, loss)  # what the program calls
+        self._model = model if loss is None else WithLoss(model, loss)  # what the program calls
         self._loss = loss  # the loss function of trainingModel(..., loss=...), or None
-        self.options = options if options is not None else Options()
+        # as upstream's executor: the user's options frozen, the model's own resolved copy
+        self.options = model_options(options, training, optimizer)
         self.training = training
         self._names = {p: n for n, p in torch.nn.Module.named_parameters(self._model)}
         plans = translate(optimizer, self._names) if training and optimizer is not None else []
         self._attribute_checks = AttributeChecks(self.options.relax_optimizer_attributes_checks, optimizer)
         self._key: tuple | None = None  # the compile key: the micro-batch call (``batching.split_batch``)
+        self._call: CompiledCall | None = None  # the call compiled for (``call_inputs``)
+        self._fixed_inputs = poptorch_contract()  # PopTorch's contract: a compiled model's inputs are fixed
         self._format: tuple[tuple, bool] | None = None  # (key, channels-last?): ``memory_format.choose``
         self._channels_last = False  # the compiled program runs channels-last
         self._destroyed = False
         self.compile_count = 0
-        self._seed = _initial_seed(self.options)
+        self._seed = initial_seed(self.options)
         self._seed_dirty = False  # rng_state set while detached: written on attach
         self._hypers_pending = False  # setOptimizer's values set while detached: written on attach
         self._times: CallTimes | None = None  # the last call's timestamps (getPerfCounters)
@@ -149,7 +116,7 @@ class CompiledModel:
         self._ipu_state.adopt(optimizer)
         if isinstance(optimizer, PoptorchOptimizer) and optimizer.has_state():  # loaded before it was wrapped
             self._ipu_state.loaded(optimizer.state_dict())
-        _LIVE.add(self)
+        LIVE.add(self)
         # a wrapper dropped without destroy() leaves its trained weights in the host module: where
         # the device keeps its own copy (a GPU, several replicas), they are pulled back when it goes
         weakref.finalize(self, self._sync.pull_weights_if_newer).atexit = False
@@ -161,10 +128,10 @@ class CompiledModel:
 
     # -- calling ------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self._require_usable("call the model")
+        self._revive()
         refuse_offline(self.options, self._kind, "run")
         started = time.perf_counter()
-        args, kwargs = canonical_call(self._model, args, kwargs)
+        args, kwargs = self._call_inputs(args, kwargs)
         batch = split_batch(self.options, self.training, args, kwargs)
         self._ensure_program(batch.micro, (args, kwargs))
         if self._channels_last:  # staged channels-last, as traced (``memory_format``); writes go to the caller's
@@ -213,7 +180,7 @@ class CompiledModel:
             The ``Profile``: ``print`` it for the most expensive ops and their share of the calls.
 
         Raises:
-            DetachedError: the model is destroyed, as when calling it (a detached one attaches).
+            DetachedError: the model is destroyed (a call compiles it again; a detached one attaches).
             InvalidValueError: ``runs`` or ``top`` < 1, or ``warmup`` < 0.
             UnsupportedError: more than one replica in this process (see ``Session.profile``).
 
@@ -222,7 +189,7 @@ class CompiledModel:
         """
         self._require_usable("profile the model")
         refuse_offline(self.options, self._kind, "run")
-        args, kwargs = canonical_call(self._model, args, kwargs)
+        args, kwargs = self._call_inputs(args, kwargs)
         self._ensure_program(split_batch(self.options, self.training, args, kwargs).micro, (args, kwargs))
         if not self._sync.attached:  # as calling it: a detached model attaches
             self.attachToDevice()
@@ -232,15 +199,35 @@ class CompiledModel:
                                run_fn=lambda: self(*args, **kwargs))
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
-        """Trace and compile for these inputs without running (PopTorch's ``compile``;
-        unlike upstream, a call with other input shapes compiles for them)."""
-        self._require_usable("compile the model")
-        args, kwargs = canonical_call(self._model, args, kwargs)
+        """Trace and compile for these inputs without running (PopTorch's ``compile``: ignored,
+        with a warning, once compiled; with ipuxl's own API, other inputs compile for them)."""
+        self._compile(args, kwargs, again=False)
+
+    def _compile(self, args: tuple, kwargs: dict[str, Any], *, again: bool) -> None:
+        """``compile``; with ``again``, a compiled model compiles for other inputs (``loadExecutable``)."""
+        self._revive()
+        call = bind_call(self._model, args, kwargs)
+        args, kwargs = call.args, call.kwargs
+        compiled = self._sync.compiled is not None and self._call is not None and not again
+        if compiled and self._fixed_inputs:
+            _LOG.warning("Call to compile() ignored: the executable is already compiled")
+            return
+        if compiled and self._call is not None:
+            args, kwargs = self._call.match(call, fixed=False)
+        args, kwargs = keyword_form(self._model, args, kwargs)
         key = split_batch(self.options, self.training, args, kwargs).micro
         if self._sync.compiled is not None and key == self._key:
             _LOG.warning("Call to compile() ignored: the executable is already compiled")
             return
         self._ensure_program(key, (args, kwargs))
+
+    def _call_inputs(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        """The call to run: bound to ``forward``, laid out as the compiled call when it is the
+        same call; under PopTorch's contract another call raises (``call_inputs``)."""
+        call = bind_call(self._model, args, kwargs)
+        if self._call is None or self._sync.compiled is None:
+            return keyword_form(self._model, call.args, call.kwargs)
+        return keyword_form(self._model, *self._call.match(call, fixed=self._fixed_inputs))
 
     @property
     def _kind(self) -> str:
@@ -265,9 +252,10 @@ class CompiledModel:
                     fix="keep input shapes and dtypes fixed (e.g. drop_last=True in the DataLoader), or "
                         "leave Options.staticShapes off to recompile on a change")
             log_recompile(self._kind, recompile_reason(self._key, key, compiled.program.traced.input_names))
-        _warn_inputs_requiring_grad(call)
+        warn_inputs_requiring_grad(call)
         self._rebuild(key)
         self._example, self._hooks = input_specs(call), hooks
+        self._call = CompiledCall(bind_call(self._model, *call))
 
     def _check_same_dtypes(self, compiled: Compiled, key: tuple) -> None:
         """Refuse an input whose dtype differs from the compiled program's (PopTorch does too)."""
@@ -420,6 +408,7 @@ class CompiledModel:
         if not self.training:
             raise InvalidArgumentError("setOptimizer on an inference model", where=user_source_line(),
                                        fix="only training models have an optimizer")
+        resolve_mean_reduction_strategy(self.options, optimizer, compiled=self._sync.compiled is not None)
         plans = translate(optimizer, self._names)
         if self._sync.compiled is not None:
             check_replacement(self._sync.plans, plans)
@@ -539,14 +528,31 @@ class CompiledModel:
         return compiled
 
     def destroy(self) -> None:
-        """Copy weights to the host, then release the program; the wrapper can no longer be used."""
+        """Copy weights to the host, then release the program and the device. As upstream, the
+        next call (or ``compile``) compiles the model again, for its inputs then; until then,
+        the methods that need a program raise."""
         if self._destroyed:
             return
         if self._sync.compiled is not None and self._sync.attached:
             self._sync.pull(keep_host_writes=True)
         self._sync.release()
         self._destroyed = True
-        _LIVE.discard(self)
+        LIVE.discard(self)
+
+    def _revive(self) -> None:
+        """After ``destroy()``: start again from the host's weights and the optimiser (not compiled)."""
+        if not self._destroyed:
+            return
+        old = self._sync
+        self._sync = WeightSync(self._model, training=self.training, optimizer=old.optimizer, plans=old.plans)
+        weakref.finalize(self, self._sync.pull_weights_if_newer).atexit = False
+        self._ipu_state = IpuOptimizerState(self)
+        self._ipu_state.adopt(old.optimizer)
+        if isinstance(old.optimizer, PoptorchOptimizer) and old.optimizer.has_state():
+            self._ipu_state.loaded(old.optimizer.state_dict())
+        self._key = self._call = self._format = None
+        self._destroyed = False
+        LIVE.add(self)
 
     def _require_usable(self, what: str) -> None:
         if self._destroyed:
@@ -589,9 +595,3 @@ class CompiledModel:
         compiled = self._sync.compiled
         return compiled.slots if compiled is not None else None
 
-
-def _initial_seed(options: Options) -> np.ndarray:
-    seed = options.random_seed
-    if seed is None:
-        return torch.randint(0, 2**31 - 1, (2,), dtype=torch.int64).numpy()
-    return seed_words(seed)

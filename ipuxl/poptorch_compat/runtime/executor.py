@@ -23,6 +23,7 @@ from ipuxl.poptorch_compat.compile.ipu_state import ipu_param, state_name
 from ipuxl.poptorch_compat.compile.popart_ir import popart_ir
 from ipuxl.poptorch_compat.compile.anchors import anchorable_names, parameter_paths
 from ipuxl.poptorch_compat.compile.program import per_replica_seeds
+from ipuxl.poptorch_compat.enums import ConnectionType
 from ipuxl.poptorch_compat.options import Options
 from ipuxl.poptorch_compat.runtime.compiled_model import CompiledModel, refuse_second_training_wrapper
 from ipuxl.poptorch_compat.runtime.executable_file import example_inputs, read_executable, write_executable
@@ -60,8 +61,16 @@ def trainingModel(model: torch.nn.Module, options: Options | None = None,  # noq
 
 def inferenceModel(model: torch.nn.Module, options: Options | None = None) -> "PoplarExecutor":  # noqa: N802
     """Wrap ``model`` for inference on the device: eval mode (dropout off, BatchNorm
-    running statistics), outputs of every iteration by default (``OutputMode.All``)."""
+    running statistics), outputs of every iteration by default (``OutputMode.All``).
+    ``model`` may be a training model: its module is wrapped (the two share the weights)."""
+    if isinstance(model, PoplarExecutor):
+        model = model.model
     return PoplarExecutor(model, options, training=False)
+
+
+class NotCompiledError(ExecutorError, AssertionError):
+    """A method that needs the compiled program was called before compiling, where PopTorch
+    asserts (``getTensorNames``): a ``poptorch.Error`` and an ``AssertionError``."""
 
 
 class PoplarExecutor(CompiledModel):
@@ -78,6 +87,14 @@ class PoplarExecutor(CompiledModel):
         """The compiled program, None before the first compile and after ``destroy()``
         (upstream's attribute: its C++ executable; clients test it against None)."""
         return None if self._destroyed else self._sync.compiled
+
+    def __reduce__(self) -> tuple[Any, tuple]:
+        """Pickled (``torch.save(model)``) as a wrapper of its module (with the device's current
+        weights), options, optimiser and loss, not compiled: unpickling wraps the unpickled
+        module again, and its first call compiles it."""
+        if self._sync.compiled is not None:
+            self._sync.pull_state_if_newer()
+        return _rewrap, (self.training, self._user_model, self.options, self.optimizer, self._loss)
 
     # -- perf counters and latencies ---------------------------------------------------------
     def getPerfCounters(self) -> dict[str, list[list[float]]]:  # noqa: N802
@@ -131,7 +148,10 @@ class PoplarExecutor(CompiledModel):
         ``learningRate___specific___...``, ``scaledLearningRate0___...``), then ipuxl's:
         its host streams and every tensor of every graph (variables, constants, op
         results) in program order."""
-        compiled = self._compiled_for("getTensorNames")
+        if self._sync.compiled is None:  # upstream asserts it
+            raise NotCompiledError("Model must be compiled before calling getTensorNames", where=user_source_line(),
+                                   fix="call the model (or model.compile(...)) first")
+        compiled = self._sync.compiled
         program = compiled.program
         paths = parameter_paths(list(self._names.values()), wrapped=self._model is not self._user_model)
         names = anchorable_names(paths, program.trained, self.training)
@@ -221,16 +241,24 @@ class PoplarExecutor(CompiledModel):
     def loadExecutable(self, filename: str | os.PathLike[str]) -> None:  # noqa: N802
         """Compile for the inputs saved in an ipuxl executable file and restore its
         ``rng_state`` (the weights and optimiser stay this model's own)."""
-        self._require_usable("load an executable")
+        self._revive()
         data = read_executable(filename)
         if data["training"] != self.training:
             saved = "training" if data["training"] else "inference"
             raise ExecutorError(f"{os.fspath(filename)} holds a {saved} executable; this is a {self._kind} model",
                                 where=user_source_line(), fix=f"load it into a {saved} model")
         args, kwargs = example_inputs(data["inputs"])
-        self.compile(*args, **kwargs)
+        self._compile(args, kwargs, again=True)
         if "rng_state" in data:
             self.rng_state = data["rng_state"]
+
+
+def _rewrap(training: bool, model: torch.nn.Module, options: Options, optimizer: torch.optim.Optimizer | None,
+            loss: Callable[[Any, Any], torch.Tensor] | None) -> PoplarExecutor:
+    """Unpickle a ``PoplarExecutor`` (see ``PoplarExecutor.__reduce__``)."""
+    if training:
+        return trainingModel(model, options, optimizer=optimizer, loss=loss)
+    return inferenceModel(model, options)
 
 
 def load(filename: str | os.PathLike[str],
@@ -253,6 +281,8 @@ def load(filename: str | os.PathLike[str],
                             fix="wrap the module with trainingModel/inferenceModel and call "
                                 "loadExecutable(filename) on it")
     options = data["options"].clone()
+    if options.connection_type == ConnectionType.Never:  # as upstream: a file exported offline runs
+        options.connectionType(ConnectionType.Always)
     if edit_opts_fn is not None:
         edit_opts_fn(options)
     if data["training"]:

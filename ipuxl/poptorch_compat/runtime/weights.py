@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from ipuxl.dtypes import dtype_name
-from ipuxl.errors import InvalidArgumentError
+from ipuxl.errors import ExecutorError, InvalidArgumentError
 from ipuxl.ir.context import user_source_line
 
 if TYPE_CHECKING:
@@ -124,6 +124,11 @@ class HostSlots:
         self.slots: list[Slot] = []
         for name, var in variables.items():
             owner, key = _owner(model, name)
+            if owner.get(key) is None:  # forward deleted it while traced (PopTorch's message for a buffer)
+                raise ExecutorError(f"Buffer {name} is removed from the model when calling the forward method.",
+                                    where=user_source_line(),
+                                    fix=f"keep {name} in the module; to change its value, write to it in place "
+                                        f"(self.{name}.copy_(src))")
             host = owner[key]
             bound = bind and _bindable(host, var, device)
             self.slots.append(Slot(name, owner, key, var, host, bound, _version(host), host.data_ptr()))

@@ -172,8 +172,13 @@ def test_detach_attach_and_destroy():
     assert training.compile_count == 1
     assert (model.fc1.weight - trained).abs().min() > 0.5
     training.destroy()
+    assert not training.isCompiled()
     with pytest.raises(DetachedError, match="destroyed"):
-        training(x, y)
+        training.attachToDevice()  # nothing to attach until it compiles again
+    host = model.fc1.weight.detach().clone()
+    training(x, y)  # as PopTorch: a call compiles a destroyed model again, from the host's weights
+    assert training.compile_count == 2 and training.isAttachedToDevice()
+    assert (model.fc1.weight - host).abs().max() > 0
 
 
 def test_shape_change_recompiles_or_raises_with_static_shapes():
@@ -222,15 +227,16 @@ def test_optimizer_over_other_parameters_is_refused():
         ipuxl.trainingModel(model, Options(), optimizer=torch.optim.SGD(other.parameters(), lr=0.1))
 
 
-def test_options_freeze_once_compiled():
+def test_options_freeze_when_a_model_is_wrapped_with_them():
+    """As upstream's PoplarExecutor: the user's options are frozen when wrapped; the model keeps a copy."""
     opts = Options().deviceIterations(2)
     training = ipuxl.trainingModel(MLP(), opts)
-    opts.deviceIterations(3)  # still allowed before the first compile
-    training(*make_data(12))
     with pytest.raises(FrozenOptionsError, match="deviceIterations"):
-        opts.deviceIterations(4)
+        opts.deviceIterations(3)
     with pytest.raises(FrozenOptionsError):
         opts.Training.gradientAccumulation(2)
+    assert training.options is not opts and training.options.device_iterations == 2
+    training(*make_data(12))
 
 
 def test_item_used_as_a_number_in_tensor_arithmetic_is_captured():
