@@ -59,7 +59,7 @@ FOREIGN_PRIVATES = {
     "_sync", "_is_functional_tensor", "_enable_functionalization", "_disable_functionalization", "_foreach_add_",
     "_unsafe_view", "_foreach_mul_", "_foreach_addcdiv_", "_foreach_addcmul_", "_foreach_sqrt", "_foreach_div_",
     "_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
-    "_native_batch_norm_legit_no_training", "_log_softmax", "_log_softmax_backward_data", "_softmax",
+    "_native_batch_norm_legit_no_training", "_unsafe_index", "_log_softmax", "_log_softmax_backward_data", "_softmax",
     "_softmax_backward_data", "_to_copy", "_optimizer_step_code", "_cuda_getDeviceCount", "_debug_set_autodiff_subgraph_inlining",
     "_is_compiling_flag", "_is_exporting_flag",  # torch.compiler's flags, set as torch.export sets them
     "_DisableFuncTorch", "_get_node_type", "_scaled_dot_product_attention_math",  # torch internals capture leans on
