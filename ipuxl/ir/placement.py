@@ -30,7 +30,7 @@ from torch.utils._pytree import tree_map
 
 from ipuxl.errors import PlacementError
 from ipuxl.ir import context
-from ipuxl.ir.meta import IPU, NAME, TILE_SET
+from ipuxl.ir.meta import IPU, NAME, OP, TILE_SET
 
 if TYPE_CHECKING:
     from ipuxl.ir.graph import Graph
@@ -134,6 +134,8 @@ def ipu_of(node: fx.Node) -> int | None:
         return ipu_of(node.args[0])
     if node.op in ("placeholder", "get_attr"):
         return None  # an input, a constant, or a variable built outside every ipu(n) context
+    if node.meta.get(OP) in SPANNING_OPS:
+        return None  # a call built outside every ipu(n) context: its graph's ops carry their placement
     return 0
 
 

@@ -21,10 +21,10 @@ from ipuxl.dtypes import dtype_name
 from ipuxl.errors import (
     CallIndexError, CallInputError, GraphContextError, InvalidArgumentError, InvalidValueError, ShapeMismatchError,
 )
-from ipuxl.ir import context, placement
+from ipuxl.ir import context
 from ipuxl.ir.graph import Graph, describe
 from ipuxl.ir.calls import CallTarget, RepeatTarget
-from ipuxl.ir.meta import BY_REF, BY_REF_ARGS, CALLED_GRAPH, IPU, META_SHAPE, NAME, OP, WRITES
+from ipuxl.ir.meta import BY_REF, BY_REF_ARGS, CALLED_GRAPH, META_SHAPE, NAME, OP, WRITES
 from ipuxl.ir.tensor import Tensor
 
 __all__ = ["CallSiteInfo", "call", "call_with_info", "repeat", "repeat_with_info"]
@@ -200,8 +200,6 @@ def _emit_call(op_name: str, target: CallTarget, parent: Graph, graph: Graph,
                   meta_fn=lambda *a: tuple(_meta_copy(o.node.meta["val"]) for o in graph.outputs))
     node = handle.node
     node.meta[CALLED_GRAPH] = graph
-    if placement.current_ipu() is None:
-        node.meta[IPU] = None  # its results live where its graph's ops put them (``ir.placement``)
     info = CallSiteInfo(node, graph, parent, connected)
     written = written_nodes(graph)
     for i, t in enumerate(graph.inputs):
