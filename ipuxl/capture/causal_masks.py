@@ -35,15 +35,7 @@ def _detect_is_causal_mask(mask: Any, is_causal: bool | None = None, size: int |
         return False
 
 
-def _patch() -> None:
-    transformer._detect_is_causal_mask = _detect_is_causal_mask
-
-
-def _unpatch() -> None:
-    transformer._detect_is_causal_mask = _ORIGINAL
-
-
-_PATCH = CapturePatch(_patch, _unpatch)
+_PATCH = CapturePatch.replacing(transformer, "_detect_is_causal_mask", _detect_is_causal_mask)
 
 
 def causal_mask_hints() -> contextlib.AbstractContextManager[None]:

@@ -27,15 +27,7 @@ def _check(cond: Any, message: Any = None) -> None:
     _CHECK(cond, message)
 
 
-def _patch() -> None:
-    torch._check = _check
-
-
-def _unpatch() -> None:
-    torch._check = _CHECK
-
-
-_PATCH = CapturePatch(_patch, _unpatch)
+_PATCH = CapturePatch.replacing(torch, "_check", _check)
 
 
 def int_conditions() -> contextlib.AbstractContextManager[None]:

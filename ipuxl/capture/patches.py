@@ -25,6 +25,13 @@ class CapturePatch:
         self._count = 0  # captures in progress, in all threads
         self._thread = threading.local()  # .depth: those of this thread
 
+    @classmethod
+    def replacing(cls, owner: object, name: str, replacement: object) -> "CapturePatch":
+        """The patch that sets ``owner.name`` to ``replacement`` while any capture runs, and
+        puts back what it held when this patch was made."""
+        original = getattr(owner, name)
+        return cls(lambda: setattr(owner, name, replacement), lambda: setattr(owner, name, original))
+
     def active(self) -> bool:
         """Whether this thread is inside a capture."""
         return bool(getattr(self._thread, "depth", 0))

@@ -59,17 +59,6 @@ _JUMP_IF_FALSE = frozenset({"POP_JUMP_IF_FALSE", "POP_JUMP_FORWARD_IF_FALSE", "P
 _CALLS = frozenset({"PRECALL", "CALL", "CALL_FUNCTION"})
 
 
-def _patch() -> None:
-    SymNode.guard_bool = _guard_bool  # type: ignore[method-assign]
-
-
-def _unpatch() -> None:
-    SymNode.guard_bool = _GUARD_BOOL  # type: ignore[method-assign,assignment]
-
-
-_PATCH = CapturePatch(_patch, _unpatch)
-
-
 def assert_statements() -> contextlib.AbstractContextManager[None]:
     """While inside, an ``assert`` on a data-dependent value in this thread becomes a deferred
     runtime check instead of a failed guard (see the module docstring)."""
@@ -88,6 +77,9 @@ def _guard_bool(self: SymNode, file: str, line: int) -> bool:
         message, negated = site
         expr = sympy.Not(self.expr) if negated else self.expr
         return bool(self.shape_env.guard_or_defer_runtime_assert(expr, message)) != negated
+
+
+_PATCH = CapturePatch.replacing(SymNode, "guard_bool", _guard_bool)
 
 
 def _assert_site(frame: types.FrameType | None) -> tuple[str, bool] | None:

@@ -29,6 +29,8 @@ from __future__ import annotations
 import inspect
 import logging
 import sys
+import types
+import weakref
 from typing import Any, NamedTuple
 
 import torch
@@ -83,6 +85,26 @@ class BoundCall(NamedTuple):
         return dict(self.named)
 
 
+_SIGNATURES: "weakref.WeakKeyDictionary[Any, inspect.Signature]" = weakref.WeakKeyDictionary()
+
+
+def forward_signature(module: torch.nn.Module) -> inspect.Signature:
+    """``inspect.signature(module.forward)``, read once per ``forward`` function: every call of a
+    compiled model binds its arguments with it (a bound method's signature is its function's
+    without ``self``, the same for every instance).
+
+    Raises:
+        TypeError, ValueError: as ``inspect.signature`` (no signature can be read).
+    """
+    forward = module.forward
+    if not isinstance(forward, types.MethodType) or not isinstance(forward.__func__, types.FunctionType):
+        return inspect.signature(forward)  # a callable object or a builtin: not cached
+    signature = _SIGNATURES.get(forward.__func__)
+    if signature is None:
+        signature = _SIGNATURES[forward.__func__] = inspect.signature(forward)
+    return signature
+
+
 def bind_call(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> BoundCall:
     """Bind a call of ``module`` to its ``forward`` (see the module docstring); other
     arguments that do not fit the signature are kept as given (capture refuses them).
@@ -92,7 +114,7 @@ def bind_call(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> B
             ``TypeError``, as eager PyTorch raises).
     """
     try:
-        signature = inspect.signature(module.forward)
+        signature = forward_signature(module)
         bound = signature.bind(*args, **kwargs)
     except (TypeError, ValueError):
         missing = _missing_parameter(module, args, kwargs)
@@ -126,7 +148,7 @@ def keyword_form(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -
     position, or its default passed explicitly, would then arrive twice or hide the config's.
     """
     try:
-        parameters = list(inspect.signature(module.forward).parameters.values())
+        parameters = list(forward_signature(module).parameters.values())
     except (TypeError, ValueError):
         return args, kwargs
     if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
@@ -144,7 +166,7 @@ def keyword_form(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -
 def _missing_parameter(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> str | None:
     """The first parameter of ``forward`` without default that the call does not give."""
     try:
-        parameters = list(inspect.signature(module.forward).parameters.values())
+        parameters = list(forward_signature(module).parameters.values())
     except (TypeError, ValueError):
         return None
     for position, parameter in enumerate(parameters):

@@ -248,3 +248,20 @@ def test_a_buffer_deleted_by_forward_is_upstreams_error():
 
     with pytest.raises(PoptorchError, match="Buffer y is removed from the model when calling the forward method"):
         ipuxl.inferenceModel(Remove())(torch.tensor([5.0]))
+
+
+def test_forward_signature_is_read_once_per_function_and_follows_an_instance_forward():
+    from ipuxl.poptorch_compat.runtime.call_inputs import forward_signature
+
+    a, b = TupleNet(), TupleNet()
+    assert forward_signature(a) is forward_signature(b)  # one function, one signature
+
+    class Scaled(nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    model = Scaled()
+    model.forward = lambda y, scale=3.0: y * scale  # an instance's own forward: read each time
+    assert list(forward_signature(model).parameters) == ["y", "scale"]
+    out = ipuxl.inferenceModel(model)(y=torch.ones(2))
+    torch.testing.assert_close(out, torch.full((2,), 3.0))
