@@ -20,6 +20,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
+from ipuxl.device.fp_checks import checks_enabled, insert_checks
 from ipuxl.device.layout import needs_padding, paddable_attrs, padded_like
 from ipuxl.device.memory_plan import plan_memory
 from ipuxl.device.retarget import for_device
@@ -69,6 +70,8 @@ class Compiler:
         self.planned: dict[Graph, int] = {}
         """Every compiled graph: how many of its results the memory plan put in workspace buffers."""
         self._io_index = io_index
+        self.fp_checks = checks_enabled(ir)
+        """Whether the compiled code checks the IPU's floating-point exceptions (``device.fp_checks``)."""
         sites = call_sites(ir.graphs)
         self._sharing = OutputSharing(sites)
         self._call_sites = Counter({g: len(s) for g, s in sites.items()})
@@ -84,6 +87,8 @@ class Compiler:
                                  sharing=self._sharing)
         for_device(code, self.device)  # traced on the host, run here (device.retarget)
         code, self.applied[graph] = apply_rewrites(code)
+        if self.fp_checks:
+            insert_checks(code)
         self.planned[graph] = plan_memory(code, root, self.workspace, self.device)
         # the Python code is generated once, after the rewrites
         module = torch.fx.GraphModule(root, code, class_name=identifier(f"ipuxl.{graph.name}"))

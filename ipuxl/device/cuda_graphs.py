@@ -98,7 +98,7 @@ class _DeviceOnly(TorchDispatchMode):
 
 #: kernel modules whose functions read device values on the host by design (module docstring)
 _HOST_READING_MODULES = frozenset(f"ipuxl.kernels.{m}" for m in (
-    "random", "poplar_print", "host_callbacks", "remote", "cluster", "ctc_decoder"))
+    "random", "poplar_print", "host_callbacks", "remote", "cluster", "ctc_decoder", "fp_exceptions"))
 #: and single functions of other modules (``debug.init``, beside ``debug.print_tensor``, is pure)
 _HOST_READING_FUNCTIONS = frozenset({gate_cursors, debug.print_tensor})
 #: ipuxl custom ops that do (their implementations live in those modules)

@@ -135,6 +135,12 @@ def _fix_for(session: "Session", found: "_OpFailed", failure: "StepFailure") -> 
         data = (f"the data of stream {', '.join(repr(s.name) for s, _ in streams)} in step {k}" if streams
                 else f"the data of step {k}")
         return f"the model's check does not hold for {data}: fix that data, or the check if the data is valid"
+    if isinstance(found.exc, FloatingPointError):  # the IPU's floating-point exceptions (device.fp_checks)
+        fed = f"the data of stream {', '.join(repr(s.name) for s, _ in streams)} in step {k}, " if streams else ""
+        return (f"find what brings the values op '{found.op}' reads out of range ({fed}a learning rate, a loss "
+                "scale, float16 overflow) and fix it; or, to let NaN and infinity through as eager PyTorch does, "
+                "turn the checks off (Options.Precision.enableFloatingPointExceptions(False), "
+                "SessionOptions.enableFloatingPointChecks = False)")
     if isinstance(found.exc, IndexError) or re.search(r"out of (range|bounds)|index \S+ is out", message, re.I):
         ints = [(s, t) for s, t in streams if not (t.is_floating_point() or t.is_complex())]
         if not ints:

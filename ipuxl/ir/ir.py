@@ -17,7 +17,7 @@ from ipuxl.ir.tensor import Variable
 from ipuxl.ir.world import total_replicas, world
 
 if TYPE_CHECKING:
-    from ipuxl.ir.popart_options import PopartIr
+    from ipuxl.ir.popart_options import PopartIr, SessionOptions
 
 __all__ = ["Ir", "VariableRecord"]
 
@@ -83,6 +83,11 @@ class Ir:
         from ipuxl.ir.popart_options import PopartIr
 
         return self.__dict__.setdefault("_popart_ir", PopartIr())
+
+    @property
+    def session_options(self) -> "SessionOptions":
+        """PopART's session options of this IR: ``ir._pb_ir.getSessionOptions()``."""
+        return self._pb_ir.getSessionOptions()
 
     @property
     def replication_factor(self) -> int:

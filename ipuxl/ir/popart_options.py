@@ -8,7 +8,9 @@ and Poplar ``engineOptions``. ``Ir._pb_ir`` answers with this stand-in so such p
 run. The options are recorded and have no effect: the simulated device has no IO tiles
 (IO-tile code runs on the compute tiles, with the same values), rounds to nearest and
 accumulates matmuls in the output dtype (float32 partials for float32). As PopART, an
-option it does not have is an AttributeError.
+option it does not have is an AttributeError. One is honoured: ``enableFloatingPointChecks``
+(or the engine option ``debug.floatPointOpException``) checks the IPU's floating-point
+exceptions around each op (``ipuxl.device.fp_checks``).
 """
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ class SessionOptions:
     enableOutlining: bool = True  # noqa: N815
     outlineThreshold: float = 1.0  # noqa: N815
     enableEngineCaching: bool = False  # noqa: N815
+    # honoured: the IPU's floating-point exceptions, checked around each op (device.fp_checks)
+    enableFloatingPointChecks: bool = False  # noqa: N815
     cachePath: str = "session_cache"  # noqa: N815
     engineOptions: dict[str, str] = field(default_factory=dict)  # noqa: N815 - Poplar engine options
     reportOptions: dict[str, str] = field(default_factory=dict)  # noqa: N815

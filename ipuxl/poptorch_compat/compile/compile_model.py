@@ -112,6 +112,8 @@ def import_forward(traced: TracedModule, options: Options) -> Graph:
     device loop loads once per iteration) holding the trace as its forward subgraph."""
     ir = Ir(replication=options.total_replicas())
     ir.num_host_transfers = options.device_iterations
+    # the IPU's floating-point exceptions: the device reads them there (device.fp_checks)
+    ir.session_options.enableFloatingPointChecks, ir.session_options.engineOptions = options.floating_point_exceptions
     return graph_from_trace(ir, traced)
 
 
