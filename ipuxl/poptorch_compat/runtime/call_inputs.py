@@ -56,6 +56,26 @@ def poptorch_contract() -> bool:
     return module is not None and getattr(module, "__name__", "") == "ipuxl.poptorch_compat"
 
 
+def refuse_zero_sized(module: torch.nn.Module, call: tuple[tuple, dict[str, Any]]) -> None:
+    """PopTorch's refusal of an input, parameter or buffer with a zero-sized dimension (its
+    dispatcher cannot add one to the graph), under PopTorch's contract; ipuxl's own API runs
+    them as eager PyTorch does.
+
+    Raises:
+        TraceError: the first such tensor (PopTorch's message, a ``poptorch.Error``).
+    """
+    named = [(f"input {i}", t) for i, t in enumerate(pytree.tree_leaves(call))]
+    named += [(f"parameter '{n}'", t) for n, t in module.named_parameters()]
+    named += [(f"buffer '{n}'", t) for n, t in module.named_buffers()]
+    for name, tensor in named:
+        if isinstance(tensor, torch.Tensor) and 0 in tensor.shape:
+            raise error_class(RuntimeError)(
+                f"Zero-sized tensors are unsupported (Got shape [{', '.join(map(str, tensor.shape))}]).",
+                where=user_source_line(),
+                fix=f"{name} has a dimension of size 0: give the model tensors of at least one element (ipuxl's own "
+                    "API, without `import poptorch`, runs zero-sized tensors as eager PyTorch does)")
+
+
 def warn_inputs_requiring_grad(call: tuple[tuple, dict[str, Any]]) -> None:
     """Upstream's warning, once per input tensor of a compiled call, for an input that
     requires grad: the device program takes its value only (no gradient flows back to it)."""

@@ -59,7 +59,7 @@ from ipuxl.poptorch_compat.compile.translate import AttributeChecks, ParamPlan, 
 from ipuxl.poptorch_compat.model_options import model_options, resolve_mean_reduction_strategy
 from ipuxl.poptorch_compat.options import Options
 from ipuxl.poptorch_compat.runtime.call_inputs import (
-    CompiledCall, bind_call, keyword_form, poptorch_contract, warn_inputs_requiring_grad,
+    CompiledCall, bind_call, keyword_form, poptorch_contract, refuse_zero_sized, warn_inputs_requiring_grad,
 )
 from ipuxl.poptorch_compat.runtime.connection import attaches, refuse_offline
 from ipuxl.poptorch_compat.runtime.live_models import LIVE, WithLoss, initial_seed, refuse_second_training_wrapper
@@ -226,6 +226,8 @@ class CompiledModel:
         same call; under PopTorch's contract another call raises (``call_inputs``)."""
         call = bind_call(self._model, args, kwargs)
         if self._call is None or self._sync.compiled is None:
+            if self._fixed_inputs:
+                refuse_zero_sized(self._model, (call.args, call.kwargs))
             return keyword_form(self._model, call.args, call.kwargs)
         return keyword_form(self._model, *self._call.match(call, fixed=self._fixed_inputs))
 

@@ -265,3 +265,39 @@ def test_forward_signature_is_read_once_per_function_and_follows_an_instance_for
     assert list(forward_signature(model).parameters) == ["y", "scale"]
     out = ipuxl.inferenceModel(model)(y=torch.ones(2))
     torch.testing.assert_close(out, torch.full((2,), 3.0))
+
+
+def test_backward_of_an_output_is_upstreams_error(poptorch):
+    model = poptorch.trainingModel(TupleNet())
+    out, loss = model((torch.ones(2, 4),))
+    for tensor in (out, loss):
+        with pytest.raises(poptorch.Error, match=r"backward\(\) cannot be called explicitly on outputs of a PopTorch "
+                                                 r"model\. If you're using a trainingModel"):
+            tensor.backward()
+    inference = ipuxl.inferenceModel(Adder())(((torch.ones(2), torch.ones(2))))
+    with pytest.raises(PoptorchError, match="you should use a trainingModel instead"):
+        inference.backward()
+
+
+def test_zero_sized_tensors_are_refused_under_poptorch_and_run_under_ipuxls_api(poptorch):
+    class Upsample(nn.Module):
+        def forward(self, x):
+            return nn.functional.interpolate(x, size=(10, 10))
+
+    empty = torch.randn(0, 2, 5, 5)
+    with pytest.raises(poptorch.Error, match=r"Zero-sized tensors are unsupported \(Got shape \[0, 2, 5, 5\]\)\."):
+        poptorch.inferenceModel(Upsample())(empty)
+
+    class EmptyWeight(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(3, 0))
+
+        def forward(self, x):
+            return x + self.w.sum()
+
+    with pytest.raises(poptorch.Error, match=r"Got shape \[3, 0\]") as info:
+        poptorch.inferenceModel(EmptyWeight())(torch.ones(2))
+    assert "parameter 'w'" in info.value.fix
+    compat.uninstall()  # ipuxl's own API (the program did not import poptorch): eager semantics
+    torch.testing.assert_close(ipuxl.inferenceModel(Upsample())(empty), Upsample()(empty))
