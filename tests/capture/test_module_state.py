@@ -111,3 +111,49 @@ def test_a_failed_capture_leaves_a_shared_submodule_usable():
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, state[name])
     model(torch.randn(3, 4))  # eager still runs
+
+
+class RunningMean(nn.Module):
+    """Keeps a running mean of its inputs by reassigning a buffer in ``forward`` (eager
+    PyTorch replaces the buffer: ``self.mean`` holds the new value after each call)."""
+
+    def __init__(self, shape=(4,)):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("mean", torch.zeros(shape))
+
+    def forward(self, x):
+        self.mean = 0.9 * self.mean + 0.1 * x.mean(0)
+        out = self.fc(x - self.mean)
+        return out, out.square().mean()
+
+
+def test_a_buffer_reassigned_in_forward_is_updated_as_eagerly():
+    torch.manual_seed(0)
+    model, x = RunningMean(), torch.randn(3, 4)
+    eager = train_like_eager(model, (x,), buffers=True)  # weights and the buffer, step by step
+    torch.testing.assert_close(model.mean, eager.mean)
+    assert model.mean.abs().sum() > 0
+
+    inference, reference = RunningMean(), RunningMean()
+    reference.load_state_dict(inference.state_dict())
+    ipu = poptorch.inferenceModel(inference)
+    for step in range(3):
+        torch.testing.assert_close(ipu(x + step)[0], reference(x + step)[0])
+        torch.testing.assert_close(inference.mean, reference.mean)
+
+
+def test_a_buffer_reassigned_with_another_shape_is_refused():
+    class Grows(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("seen", torch.zeros(2))
+
+        def forward(self, x):
+            self.seen = torch.cat([self.seen, x])
+            return x * 2
+
+    with pytest.raises(TraceError, match=r"forward reassigns buffer 'seen' \(\(2,\) torch.float32\) with a value "
+                                         r"of \(5,\) torch.float32") as info:
+        poptorch.inferenceModel(Grows())(torch.ones(3))
+    assert "copy_" in info.value.fix

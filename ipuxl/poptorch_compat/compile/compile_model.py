@@ -26,6 +26,7 @@ import torch.fx as fx
 
 from ipuxl.capture.to_ir import graph_from_trace
 from ipuxl.capture.mode import Precision
+from ipuxl.capture.module_state import refusing_reassigned_buffers
 from ipuxl.capture.trace import TracedModule, trace_module
 from ipuxl.ir.graph import Graph
 from ipuxl.ir.ir import Ir
@@ -49,7 +50,7 @@ __all__ = ["compile_model", "capture", "import_forward", "differentiate", "outli
 
 
 def compile_model(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], *, training: bool, options: Options,
-                  start: StartValues, plans: list[ParamPlan]) -> Program:
+                  start: StartValues, plans: list[ParamPlan], fixed_buffers: bool = False) -> Program:
     """Build the device program of ``model`` called as ``model(*args, **kwargs)`` on one micro-batch.
 
     Args:
@@ -57,6 +58,8 @@ def compile_model(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], *
         options: device iterations, gradient accumulation, replication, outlining.
         start: the values the program's variables start from.
         plans: ``translate`` plans of the parameters that take gradients, in optimiser order.
+        fixed_buffers: PopTorch's contract: a buffer ``forward`` reassigns is refused with
+            upstream's error (ipuxl's own API updates the buffer, as eager PyTorch leaves it).
 
     Raises:
         TraceError: the module cannot be captured (see ``capture.trace.trace_module``).
@@ -64,7 +67,8 @@ def compile_model(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], *
         ExecutorError: a pipeline with too few micro-batches for its stages (``placement.check_depth``).
     """
     log_session_options(session_options(options))  # as upstream's backend, when it reads the options
-    with stage("capture"), placement(options.execution_strategy) as placed:  # each op's stage and IPU (``placement``)
+    refusing = refusing_reassigned_buffers() if fixed_buffers else contextlib.nullcontext()
+    with stage("capture"), placement(options.execution_strategy) as placed, refusing:  # each op's stage and IPU
         traced = capture(model, args, kwargs, training=training, outline=options.auto_outline,
                          precision=precision_rules(options))
     stages = placed.finish(traced.gm)

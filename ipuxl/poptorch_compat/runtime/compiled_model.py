@@ -306,7 +306,7 @@ class CompiledModel:
             with pipeline(f"the {self._kind} model for inputs {describe(key)}", stages,
                           show=self.options.show_compilation_progress_bar, sizes=lambda: graph_sizes(program.ir.graphs)):
                 program = compile_model(self._model, args, kwargs, training=self.training, options=self.options,
-                                        start=start, plans=self._trainable_plans())
+                                        start=start, plans=self._trainable_plans(), fixed_buffers=self._fixed_inputs)
                 slots = HostSlots(self._model, {**program.params, **program.buffers},
                                   device=device_for(self.options.device_type), bind=replicas_here(self.options) == 1)
                 session = Session(program.ir, self.options.device_type, storage=slots.storage())  # stage "compile"

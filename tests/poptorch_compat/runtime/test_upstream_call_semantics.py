@@ -301,3 +301,20 @@ def test_zero_sized_tensors_are_refused_under_poptorch_and_run_under_ipuxls_api(
     assert "parameter 'w'" in info.value.fix
     compat.uninstall()  # ipuxl's own API (the program did not import poptorch): eager semantics
     torch.testing.assert_close(ipuxl.inferenceModel(Upsample())(empty), Upsample()(empty))
+
+
+def test_a_buffer_reassigned_in_forward_is_upstreams_error(poptorch):
+    class Reassigns(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("y", torch.tensor([2.0]))
+
+        def forward(self, x):
+            self.y = x + 1
+            return x
+
+    model = Reassigns()
+    with pytest.raises(poptorch.Error, match=r"Buffer y is reassigned within the model when calling the forward "
+                                             r"method\. This is not supported\. Consider using self\.y\.copy_\(src\)"):
+        poptorch.inferenceModel(model)(torch.tensor([5.0]))
+    assert model.y.tolist() == [2.0]  # the module keeps its buffer
