@@ -59,6 +59,7 @@ __all__ = [
     "builtin_type",
     "with_builtin",
     "PopartException",
+    "ApplicationRuntimeError",
 ]
 
 
@@ -259,6 +260,15 @@ class DeviceError(PoptorchError, RuntimeError):
                  source: str | None = None):
         super().__init__(what, where=where, fix=fix)
         self.steps_applied, self.step, self.failed_op, self.source = steps_applied, step, failed_op, source
+
+
+class ApplicationRuntimeError(DeviceError):
+    """The device program stopped itself on a value it computed (Poplar's
+    ``application_runtime_error``, ``popart.poplar_application_runtime_error``): a
+    floating-point exception (``enableFloatingPointChecks``), a float8 scale out of range
+    (``throwIfLog2ScaleTensorNotInRange``)."""
+
+    type = "poplar_application_runtime_error"
 
 
 class StreamInputError(DeviceError, ValueError):

@@ -47,6 +47,7 @@ HIERARCHY = [
     (errors.InplaceOrderError, PassError, (RuntimeError,)),
     (OutOfMemoryError, DeviceError, (RuntimeError, MemoryError)),
     (errors.PatternNotAppliedError, DeviceError, (RuntimeError,)),
+    (errors.ApplicationRuntimeError, DeviceError, (RuntimeError,)),  # popart.poplar_application_runtime_error
     (errors.AlreadyWrappedError, IpuxlError, (RuntimeError,)),
     (errors.WrongGraphError, GraphContextError, (ValueError, RuntimeError)),
     (errors.InvalidValueError, CaptureError, (ValueError,)),

@@ -20,7 +20,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from ipuxl.device.fp_checks import checks_enabled, insert_checks
+from ipuxl.device.fp_checks import checks_enabled, insert_checks, strict_float8_scales
 from ipuxl.device.layout import needs_padding, paddable_attrs, padded_like
 from ipuxl.device.memory_plan import plan_memory
 from ipuxl.device.retarget import for_device
@@ -71,6 +71,7 @@ class Compiler:
         """Every compiled graph: how many of its results the memory plan put in workspace buffers."""
         self._io_index = io_index
         self.fp_checks = checks_enabled(ir)
+        self._strict_scales = ir.session_options.throwIfLog2ScaleTensorNotInRange
         """Whether the compiled code checks the IPU's floating-point exceptions (``device.fp_checks``)."""
         sites = call_sites(ir.graphs)
         self._sharing = OutputSharing(sites)
@@ -87,6 +88,7 @@ class Compiler:
                                  sharing=self._sharing)
         for_device(code, self.device)  # traced on the host, run here (device.retarget)
         code, self.applied[graph] = apply_rewrites(code)
+        strict_float8_scales(code, self._strict_scales)
         if self.fp_checks:
             insert_checks(code)
         self.planned[graph] = plan_memory(code, root, self.workspace, self.device)

@@ -24,11 +24,12 @@ import torch
 
 from ipuxl.device.replicas import replica_alone
 from ipuxl.dtypes import dtype_name, to_numpy_dtype
-from ipuxl.errors import DeviceError, builtin_type, with_builtin
+from ipuxl.errors import ApplicationRuntimeError, DeviceError, builtin_type, with_builtin
 from ipuxl.ir.calls import is_repeat, repeat_count, run_repeat
 from ipuxl.ir.meta import CALLED_GRAPH, OP, OP_ID, SOURCE, STREAM
 from ipuxl.ir.streams import HostToDeviceStream
 from ipuxl.kernels.host_io import consumed
+from ipuxl.kernels.program_stop import ProgramStop
 
 if TYPE_CHECKING:
     from ipuxl.device.session import Session
@@ -52,7 +53,9 @@ def step_error(session: "Session", failure: "StepFailure") -> DeviceError:
     replicas = session.replication_factor
     replica_part = f", replica {replica} of {replicas}" if replicas > 1 else ""
     cause = str(failure.exc).strip() or type(failure.exc).__name__
-    error = cast("type[DeviceError]", with_builtin(DeviceError, builtin_type(failure.exc)))
+    stopped = isinstance(failure.exc, ProgramStop)  # the program stopped itself (Poplar's application error)
+    error = cast("type[DeviceError]", with_builtin(ApplicationRuntimeError if stopped else DeviceError,
+                                                   builtin_type(failure.exc)))
     found = _rerun_failed_step(session, failure)
     applied = min(session.steps_completed)
     state = _kept_state(session, failure, applied, found.updated if found is not None else None)

@@ -1,4 +1,5 @@
-"""Floating-point exception checks in a compiled graph (``kernels.fp_exceptions``).
+"""Floating-point exception checks in a compiled graph (``kernels.fp_exceptions``), and the
+float8 scale range check (``strict_float8_scales``).
 
 When a program asks for the IPU's floating-point exceptions (PopART's
 ``enableFloatingPointChecks``: PopTorch's ``Options.Precision.enableFloatingPointExceptions(True)``,
@@ -15,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 import torch.fx as fx
 
 from ipuxl.ir.meta import MODIFIES, OP, SOURCE, WRITES
-from ipuxl.kernels import fp_exceptions
+from ipuxl.kernels import float8, fp_exceptions
 
 if TYPE_CHECKING:
     from ipuxl.ir.ir import Ir
 
-__all__ = ["checks_enabled", "insert_checks"]
+__all__ = ["checks_enabled", "insert_checks", "strict_float8_scales"]
 
 # Ops that move, select or make values without arithmetic: NaN and infinity pass through
 # them on an IPU without raising (and the classifications read NaN by design).
@@ -89,3 +90,14 @@ def _writes(node: fx.Node, name: str) -> bool:
     module = getattr(node.target, "__module__", None) or ""
     return bool(node.meta.get(WRITES) or node.meta.get(MODIFIES) or (schema is not None and schema.is_mutable)
                 or name.endswith("_") or (schema is None and module.startswith("ipuxl.kernels")))
+
+
+_SCALED = (float8.pow2scale_then_cast, float8.cast_then_pow2scale)
+
+
+def strict_float8_scales(code: fx.Graph, strict: bool) -> None:
+    """Have ``code``'s float8 scalings raise on a scale out of the device's range (``strict``:
+    PopART's ``throwIfLog2ScaleTensorNotInRange``, on by default) or clip it."""
+    for node in code.nodes:
+        if node.op == "call_function" and node.target in _SCALED:
+            node.kwargs = {**node.kwargs, "strict": strict}

@@ -8,9 +8,10 @@ and Poplar ``engineOptions``. ``Ir._pb_ir`` answers with this stand-in so such p
 run. The options are recorded and have no effect: the simulated device has no IO tiles
 (IO-tile code runs on the compute tiles, with the same values), rounds to nearest and
 accumulates matmuls in the output dtype (float32 partials for float32). As PopART, an
-option it does not have is an AttributeError. One is honoured: ``enableFloatingPointChecks``
+option it does not have is an AttributeError. Two are honoured: ``enableFloatingPointChecks``
 (or the engine option ``debug.floatPointOpException``) checks the IPU's floating-point
-exceptions around each op (``ipuxl.device.fp_checks``).
+exceptions around each op, and ``throwIfLog2ScaleTensorNotInRange`` stops a run whose float8
+scale is out of range (``ipuxl.device.fp_checks``).
 """
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ class SessionOptions:
     enableEngineCaching: bool = False  # noqa: N815
     # honoured: the IPU's floating-point exceptions, checked around each op (device.fp_checks)
     enableFloatingPointChecks: bool = False  # noqa: N815
+    # honoured: a float8 scale outside [-32, 32) stops the run (else it is clipped)
+    throwIfLog2ScaleTensorNotInRange: bool = True  # noqa: N815
     cachePath: str = "session_cache"  # noqa: N815
     engineOptions: dict[str, str] = field(default_factory=dict)  # noqa: N815 - Poplar engine options
     reportOptions: dict[str, str] = field(default_factory=dict)  # noqa: N815

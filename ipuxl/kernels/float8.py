@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["FLOAT8_MAX", "LOG2_SCALE_RANGE", "pow2scale_then_cast", "cast_then_pow2scale"]
+from ipuxl.kernels.program_stop import ProgramStop
+
+__all__ = ["FLOAT8_MAX", "LOG2_SCALE_RANGE", "Log2ScaleRangeError", "pow2scale_then_cast", "cast_then_pow2scale"]
 
 #: The largest finite value of each float8 format.
 FLOAT8_MAX = {torch.float8_e4m3fnuz: 240.0, torch.float8_e5m2fnuz: 57344.0}
@@ -28,10 +30,20 @@ FLOAT8_MAX = {torch.float8_e4m3fnuz: 240.0, torch.float8_e5m2fnuz: 57344.0}
 LOG2_SCALE_RANGE = (-32, 31)
 
 
-def _scale_of(log2_scale: int | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``log2_scale`` as a float32 scalar tensor, clipped into the device's range."""
+class Log2ScaleRangeError(ProgramStop, ValueError):
+    """A float8 scale outside the device's 6-bit range, under ``throwIfLog2ScaleTensorNotInRange``."""
+
+
+def _scale_of(log2_scale: int | torch.Tensor, device: torch.device, strict: bool) -> torch.Tensor:
+    """``log2_scale`` as a float32 scalar tensor, clipped into the device's range; ``strict``
+    (PopART's ``throwIfLog2ScaleTensorNotInRange``): out of range raises instead."""
     scale = torch.as_tensor(log2_scale, device=device)
-    return scale.clamp(*LOG2_SCALE_RANGE).to(torch.float32)
+    low, high = LOG2_SCALE_RANGE
+    if strict and not low <= int(scale) <= high:
+        raise Log2ScaleRangeError(
+            f"the log2 scale tensor holds {int(scale)}, outside the range a float8 scale takes on the device "
+            f"([{low}, {high + 1}): a 6-bit signed integer)")
+    return scale.clamp(low, high).to(torch.float32)
 
 
 def _to_float32_odd(x: torch.Tensor) -> torch.Tensor:
@@ -47,9 +59,10 @@ def _to_float32_odd(x: torch.Tensor) -> torch.Tensor:
 
 
 def pow2scale_then_cast(x: torch.Tensor, log2_scale: int | torch.Tensor, dtype: torch.dtype,
-                        nan_on_overflow: bool = True) -> torch.Tensor:
-    """``cast(x * 2**log2_scale, dtype)`` for float16/32/64 ``x`` and a float8 ``dtype``."""
-    scale = _scale_of(log2_scale, x.device)
+                        nan_on_overflow: bool = True, *, strict: bool = False) -> torch.Tensor:
+    """``cast(x * 2**log2_scale, dtype)`` for float16/32/64 ``x`` and a float8 ``dtype`` (``strict``:
+    a scale out of the device's range raises ``Log2ScaleRangeError`` instead of being clipped)."""
+    scale = _scale_of(log2_scale, x.device, strict)
     if x.dtype == torch.float64:
         scaled = _to_float32_odd(x * torch.exp2(scale.to(torch.float64)))
     else:
@@ -60,10 +73,12 @@ def pow2scale_then_cast(x: torch.Tensor, log2_scale: int | torch.Tensor, dtype: 
     return scaled.to(dtype)
 
 
-def cast_then_pow2scale(x: torch.Tensor, log2_scale: int | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def cast_then_pow2scale(x: torch.Tensor, log2_scale: int | torch.Tensor, dtype: torch.dtype, *,
+                        strict: bool = False) -> torch.Tensor:
     """``cast(x, dtype) * 2**log2_scale`` for float8 ``x`` (exact in float32, then one rounding to
-    ``dtype``); also the scaling of the float32 result of a scaled matmul or convolution."""
-    scale = _scale_of(log2_scale, x.device)
+    ``dtype``); also the scaling of the float32 result of a scaled matmul or convolution
+    (``strict`` as ``pow2scale_then_cast``)."""
+    scale = _scale_of(log2_scale, x.device, strict)
     if dtype == torch.float64:
         return x.to(torch.float64) * torch.exp2(scale.to(torch.float64))
     return (x.to(torch.float32) * torch.exp2(scale)).to(dtype)

@@ -20,8 +20,9 @@ NaN and infinity through, as on an IPU. A check reads every operand and result o
 host (one ``any()`` each), so a checked program runs slower and is never CUDA-graphed;
 it is a debugging option, off by default as upstream.
 
-The error is a ``FloatingPointError``, which the session turns into a ``DeviceError`` (a
-``poptorch.Error``) that names the op and the user's line that built it.
+The error is a ``FloatingPointError``, which the session turns into an
+``ApplicationRuntimeError`` (a ``DeviceError`` and ``poptorch.Error``, PopART's
+``poplar_application_runtime_error``) that names the op and the user's line that built it.
 """
 from __future__ import annotations
 
@@ -30,7 +31,13 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["operands", "results"]
+from ipuxl.kernels.program_stop import ProgramStop
+
+__all__ = ["FloatingPointException", "operands", "results"]
+
+
+class FloatingPointException(ProgramStop, FloatingPointError):
+    """An op set one of the IPU's floating-point exception flags."""
 
 
 def operands(label: str, *args: Any) -> bool:
@@ -38,7 +45,7 @@ def operands(label: str, *args: Any) -> bool:
     infinite = False
     for position, tensor in _floating(args):
         if bool(tensor.isnan().any()):
-            raise FloatingPointError(
+            raise FloatingPointException(
                 f"floating-point exception (invalid operation): {label} has Not-a-Number in operand {position} "
                 f"({_described(tensor)})")
         infinite = infinite or bool(tensor.isinf().any())
@@ -50,11 +57,11 @@ def results(label: str, infinite_operand: bool, result: Any, *written: Any) -> N
     none of its operands held (``infinite_operand``: what ``operands`` answered)."""
     for _, tensor in _floating((result, *written)):
         if bool(tensor.isnan().any()):
-            raise FloatingPointError(
+            raise FloatingPointException(
                 f"floating-point exception (invalid operation): {label} made Not-a-Number ({_described(tensor)}), "
                 "e.g. inf - inf, 0 * inf, 0 / 0 or the square root or logarithm of a negative number")
         if not infinite_operand and bool(tensor.isinf().any()):
-            raise FloatingPointError(
+            raise FloatingPointException(
                 f"floating-point exception (division by zero or overflow): {label} made an infinity from finite "
                 f"operands ({_described(tensor)}; the largest finite {_dtype(tensor)} is {torch.finfo(tensor.dtype).max:g})")
 

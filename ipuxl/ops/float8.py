@@ -7,9 +7,11 @@ bit), as the host helpers of ``ipuxl.fp8_utils`` do, so device and host casts ag
 exactly. The scaled matmul and convolutions cast their float8 operands to float32
 (exactly), compute there with ``ops.matmul``/``ops.conv``/``ops.conv_transpose`` (so they
 take the same padding and shape rules), then scale by ``2**log2_scale`` and round once to
-float16. ``log2_scale`` is a scalar int32 tensor; the device takes a 6-bit signed scale,
-so values outside [-32, 32) are clipped to that range (PopXL, with its default session
-option ``throwIfLog2ScaleTensorNotInRange``, stops the run with a Poplar error instead).
+float16. ``log2_scale`` is a scalar int32 tensor; the device takes a 6-bit signed scale: a
+value outside [-32, 32) stops the run with ``ApplicationRuntimeError``
+(``popart.poplar_application_runtime_error``) under PopART's session option
+``throwIfLog2ScaleTensorNotInRange`` (on by default, as upstream), and is clipped into the
+range with the option off (``device.fp_checks.strict_float8_scales``).
 """
 from __future__ import annotations
 

@@ -19,7 +19,9 @@ from typing import NoReturn
 from ipuxl.device.device_info import DeviceInfo, DeviceManager, DeviceSelectionCriterion, DeviceType
 from ipuxl import log
 from ipuxl.errors import CompatImportError
-from ipuxl.errors import PopartException as popart_exception  # noqa: N813 - PopART's name
+from ipuxl.errors import ApplicationRuntimeError as poplar_application_runtime_error  # noqa: N813 - PopART's names
+from ipuxl.errors import DeviceError as poplar_runtime_error  # noqa: N813
+from ipuxl.errors import PopartException as popart_exception  # noqa: N813
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.popart_options import SessionOptions
 from ipuxl.popart_compat.enums import (
@@ -31,7 +33,8 @@ from ipuxl.popart_compat.enums import (
 )
 
 __all__ = [
-    "versionString", "versionNumber", "SessionOptions", "__version__", "popart_exception",
+    "versionString", "versionNumber", "SessionOptions", "__version__", "popart_exception", "poplar_runtime_error",
+    "poplar_application_runtime_error",
     "AccumulateOuterFragmentSchedule", "BatchSerializationBatchSchedule", "BatchSerializationMethod",
     "BatchSerializationTransformContext", "DeviceConnectionType", "ExecutionPhaseIOSchedule", "ExecutionPhaseSchedule",
     "GradientTensorTrackingMethod", "Instrumentation", "IrSerializationFormat", "MeanReductionStrategy",

@@ -15,7 +15,7 @@ import ipuxl
 import ipuxl.ops as ops
 from ipuxl.device.cuda_graphs import host_reads
 from ipuxl.device.fp_checks import insert_checks
-from ipuxl.errors import DeviceError, PoptorchError
+from ipuxl.errors import ApplicationRuntimeError, DeviceError, PoptorchError
 
 INF, NAN = float("inf"), float("nan")
 
@@ -54,6 +54,7 @@ def test_each_exception_stops_the_step_at_its_op(case):
     with pytest.raises(DeviceError, match=rf"at op '{op}' \(from .*test_fp_exceptions.py:\d+ in ") as info:
         _checked(fn, True)(*args)
     assert isinstance(info.value, PoptorchError) and isinstance(info.value, FloatingPointError)
+    assert isinstance(info.value, ApplicationRuntimeError)  # popart.poplar_application_runtime_error
     assert f"floating-point exception ({kind})" in str(info.value)
     assert info.value.failed_op == op and "enableFloatingPointExceptions(False)" in str(info.value)
 

@@ -211,3 +211,35 @@ def test_float8_ops_refuse_popxls_bad_arguments():
             ops.pow2scale_cast_to_fp8(x16, ipuxl.constant(0, ipuxl.int32), ipuxl.float16)
         with pytest.raises(TypeError, match="float8"):
             ops.pow2scale_cast_from_fp8(x16, ipuxl.constant(0, ipuxl.int32), ipuxl.float16)
+
+
+@pytest.mark.parametrize("log2_scale", [-50, 100])
+@pytest.mark.parametrize("op", ["to_fp8", "from_fp8", "matmul"])
+def test_a_scale_out_of_range_stops_the_run_unless_the_option_is_off(op, log2_scale):
+    """PopART's ``throwIfLog2ScaleTensorNotInRange`` (on by default): a scale outside the
+    device's 6-bit range [-32, 32) stops the run with Poplar's application error; off, the
+    scale is clipped into the range."""
+    data = np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4)
+
+    def run(scale_value: int, throw: bool | None) -> np.ndarray:
+        ir = ipuxl.Ir()
+        if throw is not None:
+            ir._pb_ir.getSessionOptions().throwIfLog2ScaleTensorNotInRange = throw
+        with ir.main_graph:
+            scale = ipuxl.constant(scale_value, ipuxl.int32)
+            if op == "to_fp8":
+                out = ops.pow2scale_cast_to_fp8(ipuxl.variable(data, ipuxl.float16), scale, float8_143)
+            else:
+                x = ipuxl.variable(data, float8_143, log2_scale=0)
+                out = (ops.pow2scale_cast_from_fp8(x, scale, ipuxl.float16) if op == "from_fp8"
+                       else ops.matmul_pow2scaled(x, x, scale))
+            stream = ipuxl.d2h_stream(out.shape, out.dtype, "out")
+            ops.host_store(stream, out)
+        with ipuxl.Session(ir, "cpu") as session:
+            return np.asarray(session.run()[stream]).view(np.uint8 if op == "to_fp8" else np.float16)
+
+    for throw in (None, True):
+        with pytest.raises(errors.ApplicationRuntimeError, match=rf"holds {log2_scale}, outside the range") as info:
+            run(log2_scale, throw)
+        assert isinstance(info.value, ValueError) and info.value.type == "poplar_application_runtime_error"
+    np.testing.assert_array_equal(run(log2_scale, False), run(max(-32, min(31, log2_scale)), True))

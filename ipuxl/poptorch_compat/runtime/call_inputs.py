@@ -41,7 +41,8 @@ from ipuxl.errors import ExecutorError
 from ipuxl.ir.context import user_source_line
 from ipuxl.poptorch_compat.custom_args import register_subclasses
 
-__all__ = ["BoundCall", "CompiledCall", "bind_call", "keyword_form", "poptorch_contract", "warn_inputs_requiring_grad"]
+__all__ = ["BoundCall", "CompiledCall", "bind_call", "forward_signature", "keyword_form", "poptorch_contract",
+           "refuse_zero_sized", "warn_inputs_requiring_grad"]
 
 _LOG = logging.getLogger("poptorch::python")
 
