@@ -124,8 +124,22 @@ def transpose_(t: Tensor, permutation: Sequence[int] | None = None) -> Tensor:
 
 
 def concat(ts: Iterable[Tensor], axis: int = 0) -> Tensor:
-    """Concatenate tensors along ``axis``."""
-    return emit("concat", torch.cat, (list(ts), axis))
+    """Concatenate tensors along ``axis``.
+
+    Raises:
+        InvalidArgumentError: the tensors' dtypes differ (PopXL's TypeError; cast them first).
+    """
+    ts = list(ts)
+    _same_dtypes(ts)
+    return emit("concat", torch.cat, (ts, axis))
+
+
+def _same_dtypes(ts: list[Tensor]) -> None:
+    dtypes = [t.dtype for t in ts if isinstance(t, Tensor)]
+    if len(set(dtypes)) > 1:
+        raise InvalidArgumentError(
+            f"All inputs to a concat operation must have the same type: [{', '.join(dtype_name(d) for d in dtypes)}]",
+            where=user_source_line(), fix="ops.cast the inputs to one dtype first")
 
 
 def concat_(ts: Iterable[Tensor], axis: int = 0) -> Tensor:
@@ -133,8 +147,13 @@ def concat_(ts: Iterable[Tensor], axis: int = 0) -> Tensor:
 
     Differs from PopXL: torch storage cannot alias several tensors, so the result is
     a new tensor (as ``concat``); in-place writes to it do not reach the inputs.
+
+    Raises:
+        InvalidArgumentError: the tensors' dtypes differ (PopXL's TypeError).
     """
-    return emit("concat_", torch.cat, (list(ts), axis))
+    ts = list(ts)
+    _same_dtypes(ts)
+    return emit("concat_", torch.cat, (ts, axis))
 
 
 def split(t: Tensor, splits: int | list[int], axis: int = 0) -> list[Tensor]:

@@ -299,3 +299,15 @@ def test_onehot_num_classes_must_be_known():
         n = ipuxl.variable(np.array(3, np.int32), name="n")
         with pytest.raises(TypeError, match="scalar constant"):
             ops.onehot(t, n, ipuxl.constant(np.array([0.0, 1.0], np.float32)), 0)
+
+
+@pytest.mark.parametrize("op", [ops.concat, ops.concat_])
+def test_concat_of_two_dtypes_is_popxls_type_error(op):
+    ir = ipuxl.Ir()
+    with ir.main_graph:
+        a = ipuxl.variable(np.ones((2, 2), np.float32))
+        b = ipuxl.variable(np.ones((2, 2), np.float16))
+        with pytest.raises(TypeError, match=r"All inputs to a concat operation must have the same type: "
+                                            r"\[float32, float16\]") as info:
+            op([a, b], 0)
+    assert isinstance(info.value, InvalidArgumentError) and "ops.cast" in info.value.fix
