@@ -71,7 +71,7 @@ ADDONS = sorted(ADDONS + [  # Graphcore's PopXL applications: tasks, utils, patt
     "recompute_graph", "set_available_memory_proportion_by_ipu", "set_graph_available_memory_proportion_by_ipu",
     "suffix_graph_name", "timer", "utils",
 ])
-ADDONS = sorted(ADDONS + ["is_subgraph"])  # popxl_addons.route_tensor
+ADDONS = sorted(ADDONS + ["is_subgraph", "route_tensor_into_graph"])  # popxl_addons.route_tensor
 
 OPTIM = [
     "Adam", "AdamUpdate", "AdamW", "AdamWUpdate", "LAMB", "LAMBUpdate", "RMSprop", "RMSpropUpdate", "SGD",

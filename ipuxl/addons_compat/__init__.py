@@ -24,7 +24,7 @@ from ipuxl.addons_compat.named_replica_grouping import NamedReplicaGrouping
 from ipuxl.addons_compat.named_tensors import NamedTensorData, NamedTensors, TensorMap
 from ipuxl.addons_compat.ops import cross_entropy, cross_entropy_with_grad, host_load, host_store
 from ipuxl.addons_compat.random_seed import seed_variable
-from ipuxl.addons_compat.route_tensor import is_subgraph
+from ipuxl.addons_compat.route_tensor import is_subgraph, route_tensor_into_graph
 from ipuxl.addons_compat.streams import InputStreams, OutputStreams
 from ipuxl.addons_compat.task_session import TaskSession
 from ipuxl.addons_compat.transforms import (
@@ -52,6 +52,7 @@ __all__ = [
     "cross_entropy_with_grad", "host_load", "host_store", "seed_variable", "InputStreams", "OutputStreams",
     "autodiff", "autodiff_with_accumulation", "NamedVariableFactories", "VariableFactory", "add_variable_input",
     "is_subgraph",
+    "route_tensor_into_graph",
     "pipelined_execution",
     # Streaming Memory and RTS
     "remote", "rts", "NamedRemoteBuffers", "load_remote_graph", "named_variable_buffers", "store_remote_graph",

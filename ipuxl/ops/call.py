@@ -27,7 +27,7 @@ from ipuxl.ir.calls import CallTarget, RepeatTarget
 from ipuxl.ir.meta import BY_REF, BY_REF_ARGS, CALLED_GRAPH, META_SHAPE, NAME, OP, WRITES
 from ipuxl.ir.tensor import Tensor
 
-__all__ = ["CallSiteInfo", "call", "call_with_info", "repeat", "repeat_with_info"]
+__all__ = ["CallSiteInfo", "call", "call_with_info", "mark_by_ref", "repeat", "repeat_with_info"]
 
 
 class CallSiteInfo:
@@ -123,7 +123,7 @@ class CallSiteInfo:
         """Pass ``parent_tensor`` by reference: the callee's in-place changes reach the parent."""
         index = self._parent_index(parent_tensor)
         check_writable(self._parent, f"call of {self._graph.name}", [parent_tensor])
-        _mark_by_ref(self._node, index, parent_tensor)
+        mark_by_ref(self._node, index, parent_tensor)
 
     def _parent_index(self, parent_tensor: Tensor) -> int:
         """The position of ``parent_tensor`` among the call's inputs (the first if several)."""
@@ -135,7 +135,9 @@ class CallSiteInfo:
         return index
 
 
-def _mark_by_ref(node: fx.Node, index: int, parent_tensor: Tensor) -> None:
+def mark_by_ref(node: fx.Node, index: int, parent_tensor: Tensor) -> None:
+    """Have call ``node`` pass its argument ``index`` (``parent_tensor``) by reference: the
+    callee's in-place writes of that input reach the caller's tensor."""
     node.meta.setdefault(BY_REF_ARGS, set()).add(index)
     writes = node.meta.setdefault(WRITES, [])
     root = storage_owner(parent_tensor.node, views=False)
@@ -206,7 +208,7 @@ def _emit_call(op_name: str, target: CallTarget, parent: Graph, graph: Graph,
         if t.node.meta.get(BY_REF):
             if t.node in written:  # the callee's write reaches the caller's tensor: never a constant
                 check_writable(parent, f"{op_name} of {graph.name}", [connected[i]])
-            _mark_by_ref(node, i, connected[i])
+            mark_by_ref(node, i, connected[i])
     return info
 
 
