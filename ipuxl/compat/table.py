@@ -91,7 +91,7 @@ OP_FILES: dict[str, str] = {
 }
 
 POPXL_ADDONS: dict[str, str | None] = {
-    "popxl_addons.layers.linear_fp8": None,
+    "popxl_addons.layers.linear_fp8": "ipuxl.addons_compat.layers.linear_fp8",
     "popxl_addons.ops.cross_entropy": "ipuxl.addons_compat.ops",
     "popxl_addons.ops.replicated_all_reduce_TP.replicated_all_reduce_TP":
         "ipuxl.addons_compat.ops.replicated_all_reduce_TP",
@@ -112,9 +112,10 @@ POPXL_ADDONS: dict[str, str | None] = {
         "ipuxl.addons_compat.ops.replicated_strided_collectives",
     "popxl_addons.ops.replicated_strided_collectives.replicated_all_reduce_strided":
         "ipuxl.addons_compat.ops.replicated_strided_collectives",
-    "popxl_addons.ops.fp8_amax_scale": None,
-    "popxl_addons.ops.fp8_mse_scale": None,
-    "popxl_addons.ops.fp8_utils": None,
+    "popxl_addons.ops.fp8_amax_scale": "ipuxl.addons_compat.ops.fp8_amax_scale",
+    "popxl_addons.ops.fp8_mse_scale": "ipuxl.addons_compat.ops.fp8_mse_scale",
+    "popxl_addons.ops.fp8_mse_scale.fp8_mse_scale": "ipuxl.addons_compat.ops.fp8_mse_scale",
+    "popxl_addons.ops.fp8_utils": "ipuxl.addons_compat.ops.fp8_utils",
     "popxl_addons.ops.static_sparse_ops": None,
     "popxl_addons.ops.linear_layout": None,
     "popxl_addons.debugging": None,

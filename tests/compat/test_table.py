@@ -148,8 +148,8 @@ def test_a_renamed_module_reads_as_an_attribute_and_is_removed_by_uninstall():
 
 
 @pytest.mark.parametrize("upstream, fragment", [
-    ("popxl_addons.layers.linear_fp8", "'popxl_addons.layers.linear_fp8' is part of popxl.addons but ipuxl does "
-                                       "not provide it"),  # popxl_addons.layers exists
+    ("popxl_addons.ops.static_sparse_ops", "'popxl_addons.ops.static_sparse_ops' is part of popxl.addons but ipuxl "
+                                           "does not provide it"),  # popxl_addons.ops exists
     ("popxl_addons.input_factory", "'popxl_addons.input_factory' is part of popxl.addons"),  # rts exists
     ("poptorch.profiling", "'poptorch.profiling' is part of PopTorch"),
     ("popxl.not_a_module", "No module named 'popxl.not_a_module'"),
@@ -227,9 +227,9 @@ def test_main_runs_a_program_as_main_with_its_argv(tmp_path):
 
 
 def test_main_reports_a_missing_module_and_usage(tmp_path):
-    proc = _run_compat(tmp_path, "import popxl_addons.ops.fp8_utils\n")
+    proc = _run_compat(tmp_path, "import popxl_addons.ops.linear_layout\n")
     assert proc.returncode == 1
-    assert "CompatImportError: 'popxl_addons.ops.fp8_utils' is part of popxl.addons" in proc.stderr
+    assert "CompatImportError: 'popxl_addons.ops.linear_layout' is part of popxl.addons" in proc.stderr
     assert "program.py:1" in proc.stderr
     usage = subprocess.run([sys.executable, "-m", "ipuxl.compat"], capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and "usage: python -m ipuxl.compat PROGRAM.py" in usage.stderr

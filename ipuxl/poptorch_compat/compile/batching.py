@@ -255,7 +255,7 @@ def gather_outputs(options: Options, training: bool, program: Program, results: 
     mode = options.resolved_output_mode(training)
     flat = [device_dtype(t) for t in reduce_outputs(per_output, mode, options.output_return_period)]
     for output in flat:  # as PopTorch: the step ran on the device, there is no graph to go back through
-        output.backward = _backward_refused
+        setattr(output, "backward", _backward_refused)
     outputs = pytree.tree_unflatten(flat, program.traced.out_spec)
     return None if isinstance(outputs, tuple) and not outputs else outputs  # no outputs: None, as PopTorch
 
