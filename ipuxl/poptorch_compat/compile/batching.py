@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from ipuxl.errors import BatchSizeError, ExecutorError, OptionsError, UnsupportedError
+from ipuxl.errors import BatchSizeError, OptionsError, UnsupportedError
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.world import world
 from ipuxl.poptorch_compat.custom_args import register_subclasses
@@ -254,20 +254,8 @@ def gather_outputs(options: Options, training: bool, program: Program, results: 
         per_output.append(seq.reshape(n * len(streams), seq.shape[2], *streams[0].shape))
     mode = options.resolved_output_mode(training)
     flat = [device_dtype(t) for t in reduce_outputs(per_output, mode, options.output_return_period)]
-    for output in flat:  # as PopTorch: the step ran on the device, there is no graph to go back through
-        setattr(output, "backward", _backward_refused)
     outputs = pytree.tree_unflatten(flat, program.traced.out_spec)
     return None if isinstance(outputs, tuple) and not outputs else outputs  # no outputs: None, as PopTorch
-
-
-def _backward_refused(*args: Any, **kwargs: Any) -> None:
-    """``backward()`` of a compiled model's output (PopTorch's message)."""
-    raise ExecutorError("backward() cannot be called explicitly on outputs of a PopTorch model. If you're using a "
-                        "trainingModel, the backwards pass is performed automatically when invoking the model. If "
-                        "you're using an inferenceModel, you should use a trainingModel instead.",
-                        where=user_source_line(),
-                        fix="drop the backward() call: a training model's call already ran the backward pass and the "
-                            "optimiser step on the device")
 
 
 def device_dtype(output: torch.Tensor) -> torch.Tensor:

@@ -267,16 +267,16 @@ def test_forward_signature_is_read_once_per_function_and_follows_an_instance_for
     torch.testing.assert_close(out, torch.full((2,), 3.0))
 
 
-def test_backward_of_an_output_is_upstreams_error(poptorch):
-    model = poptorch.trainingModel(TupleNet())
-    out, loss = model((torch.ones(2, 4),))
-    for tensor in (out, loss):
-        with pytest.raises(poptorch.Error, match=r"backward\(\) cannot be called explicitly on outputs of a PopTorch "
-                                                 r"model\. If you're using a trainingModel"):
-            tensor.backward()
-    inference = ipuxl.inferenceModel(Adder())(((torch.ones(2), torch.ones(2))))
-    with pytest.raises(PoptorchError, match="you should use a trainingModel instead"):
-        inference.backward()
+def test_outputs_stay_plain_tensors_that_torch_load_reads_back(poptorch, tmp_path):
+    """Unlike upstream, no replacement ``backward`` is set on the outputs: it would be saved with
+    them, and ``torch.load`` (``weights_only=True``, torch's default) would refuse the file;
+    ``backward()`` on an output is torch's error (it does not require grad)."""
+    out, loss = poptorch.trainingModel(TupleNet())((torch.ones(2, 4),))
+    torch.save((out, loss), tmp_path / "outputs.pt")
+    loaded = torch.load(tmp_path / "outputs.pt")
+    torch.testing.assert_close(loaded, (out, loss))
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        loss.backward()
 
 
 def test_zero_sized_tensors_are_refused_under_poptorch_and_run_under_ipuxls_api(poptorch):
