@@ -281,8 +281,13 @@ class PrecisionOptions(OptionGroup):
         self._set("runningStatisticsAlwaysFloat", running_statistics_always_float=value)
         return self
 
+    @property
+    def floating_point_exceptions(self) -> tuple[bool, dict[str, str]]:
+        """PopART's ``enableFloatingPointChecks`` and the engine options (``device.fp_checks``)."""
+        return bool((o := self._popart.options).get("enableFloatingPointChecks")), dict(o.get("engineOptions", {}))
+
     def enableFloatingPointExceptions(self, enabled: bool) -> PrecisionOptions:  # noqa: N802
-        """Raise on IPU floating-point exceptions (recorded; no effect on a simulated device)."""
+        """Stop a step at an IPU floating-point exception (checked around each op: ``device.fp_checks``)."""
         self._check_not_frozen("enableFloatingPointExceptions")
         enabled = check_flag(enabled, method="Options.Precision.enableFloatingPointExceptions", arg="enabled")
         self._popart.set("enableFloatingPointChecks", enabled)

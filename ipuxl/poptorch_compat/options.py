@@ -233,13 +233,6 @@ class Options(RecordedOptions):
         """PopART session options by name (recorded; no effect on a simulated device)."""
         return self._popart
 
-    @property
-    def floating_point_exceptions(self) -> tuple[bool, dict[str, str]]:
-        """PopART's ``enableFloatingPointChecks`` and Poplar engine options as set
-        (``Precision.enableFloatingPointExceptions``; ``device.fp_checks`` honours them)."""
-        popart = self._popart.options
-        return bool(popart.get("enableFloatingPointChecks")), dict(popart.get("engineOptions", {}))
-
     # -- batching, replication, outputs (honoured) ----------------------------------
     def deviceIterations(self, device_iterations: int) -> Options:  # noqa: N802
         """Number of iterations the device runs over new batches before returning to

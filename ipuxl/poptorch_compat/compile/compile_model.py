@@ -117,7 +117,8 @@ def import_forward(traced: TracedModule, options: Options) -> Graph:
     ir = Ir(replication=options.total_replicas())
     ir.num_host_transfers = options.device_iterations
     # the IPU's floating-point exceptions: the device reads them there (device.fp_checks)
-    ir.session_options.enableFloatingPointChecks, ir.session_options.engineOptions = options.floating_point_exceptions
+    checks = options.Precision.floating_point_exceptions
+    ir.session_options.enableFloatingPointChecks, ir.session_options.engineOptions = checks
     return graph_from_trace(ir, traced)
 
 
