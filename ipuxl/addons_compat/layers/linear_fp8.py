@@ -18,18 +18,16 @@ import torch
 
 from ipuxl import ops
 from ipuxl.addons_compat.layers.init import truncated_normal
+from ipuxl.addons_compat.layers.linear import Linear
 from ipuxl.addons_compat.module import Module
-from ipuxl.addons_compat.named_tensors import NamedTensors
 from ipuxl.addons_compat.ops.fp8_amax_scale import SCALE_RANGE, fp8_amax_scale
 from ipuxl.addons_compat.ops.fp8_mse_scale import fp8_mse_scale
-from ipuxl.addons_compat.utils import WeightsDict
 from ipuxl.dtypes import DTypeLike, float8_143, float8_152, float32
 from ipuxl.errors import InvalidValueError
 from ipuxl.ir import context
 from ipuxl.ir.graph_builder import constant
 from ipuxl.ir.replica_grouping import ReplicaGrouping
 from ipuxl.ir.tensor import Tensor
-from ipuxl.utils import to_numpy
 
 __all__ = ["LinearFP8"]
 
@@ -111,10 +109,4 @@ class LinearFP8(Module):
             self.var_grad["bias"] = ops.sum(dLdy, 0)
         return dLdx
 
-    @staticmethod
-    def torch_mapping(variables: NamedTensors, nn_layer: torch.nn.Linear, dtype: DTypeLike = float32) -> WeightsDict:
-        """The values of ``variables`` (this layer's) taken from a ``torch.nn.Linear``."""
-        state = {variables.weight: to_numpy(nn_layer.weight.data, dtype).T}
-        if "bias" in variables.keys():
-            state[variables.bias] = to_numpy(nn_layer.bias.data, dtype)
-        return WeightsDict(state)
+    torch_mapping = staticmethod(Linear.torch_mapping)  # the same variables as ``Linear``: weight (in, out), bias
