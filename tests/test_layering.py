@@ -70,6 +70,8 @@ FOREIGN_PRIVATES = {
     "_dispatch_has_kernel_for_dispatch_key",  # whether an op's out= form has a device kernel (memory plan)
     # the CPU's fused attention a host trace records, replaced on other devices (device.retarget)
     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
+    # CUDA's fused attention they become there (kernels.fused_attention)
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
     "_local_scalar_dense",  # aten's read of a tensor's value on the host (refused in a CUDA graph capture)
     # a torch.library.custom_op's registered formula, and calling an op below autograd (kernels.custom_ops)
     "_setup_context_fn", "_backward_fn", "_AutoDispatchBelowAutograd",

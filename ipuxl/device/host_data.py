@@ -15,7 +15,7 @@ from ipuxl import fp8_utils
 from ipuxl.errors import ReplicationError, StreamInputError
 from ipuxl.ir.streams import HostToDeviceStream
 
-__all__ = ["full_shape", "replica_slice", "to_host"]
+__all__ = ["full_shape", "replica_slice", "to_host", "host_tensors"]
 
 
 def full_shape(shape: Sequence[int], steps: int, replicas: int) -> tuple[int, ...]:
@@ -68,21 +68,24 @@ def _raise_shape(stream: HostToDeviceStream, got: tuple[int, ...], steps: int, r
 
 
 def to_host(outputs: Sequence[torch.Tensor], shapes: Sequence[Sequence[int]]) -> list[np.ndarray]:
-    """A run's stored outputs as host arrays of ``shapes`` (bfloat16 as float32: numpy has none).
+    """A run's stored outputs as host arrays of ``shapes`` (bfloat16 as float32: numpy has
+    none), copied as ``host_tensors`` copies them. The arrays keep their host tensors alive."""
+    hosted = host_tensors([t.to(torch.float32) if t.dtype == torch.bfloat16 else t for t in outputs])
+    return [fp8_utils.to_host(t).reshape(tuple(shape)) for t, shape in zip(hosted, shapes)]
 
-    From a GPU each output is copied into page-locked host memory (torch's caching host
-    allocator, so the pages come back run after run), all copies queued before one wait:
-    a copy to ordinary pages is several times slower (the driver stages it), and a language
-    model's logits are tens of MiB per run. The arrays keep their host tensors alive."""
-    arrays = []
-    for tensor in outputs:
+
+def host_tensors(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``tensors`` on the host. From a GPU each is copied into page-locked host memory
+    (torch's caching host allocator, so the pages come back run after run), all copies
+    queued before one wait: a copy to ordinary pages is several times slower (the driver
+    stages it), and a language model's logits are tens of MiB per run. Host tensors are
+    returned as they are."""
+    hosted = []
+    for tensor in tensors:
         tensor = tensor.detach()
-        if tensor.dtype == torch.bfloat16:
-            tensor = tensor.to(torch.float32)
         if tensor.device.type == "cuda":
-            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-            tensor = host.copy_(tensor, non_blocking=True)
-        arrays.append(tensor)
-    if any(o.device.type == "cuda" for o in outputs):
+            tensor = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True).copy_(tensor, non_blocking=True)
+        hosted.append(tensor.cpu())
+    if any(t.device.type == "cuda" for t in tensors):
         torch.cuda.current_stream().synchronize()
-    return [fp8_utils.to_host(t.cpu()).reshape(tuple(shape)) for t, shape in zip(arrays, shapes)]
+    return hosted

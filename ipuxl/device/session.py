@@ -1,9 +1,7 @@
 """``Session``: compile an IR once, own its variables, run the main program.
 
-Compilation lowers every graph once to fx-generated Python (``device.compiler``): a
-graph called from many sites is one function, a graph with a single call site is
-inlined into its caller, and the device's rewrites (``device.rewrites``) fuse updates
-(a matmul gradient feeding an in-place update becomes one ``addmm_``) and choose kernels.
+Compilation lowers every graph once to fx-generated Python (``device.compiler``; a graph
+called from one site is inlined), then the device's rewrites (``device.rewrites``) fuse ops.
 
 Host transfers are PopXL's: ``run`` runs the main program once, and every execution
 of a ``host_load``/``host_store`` (in the main graph, a called graph or an
@@ -16,10 +14,8 @@ count is at most that of the busier branch), so a program that may transfer a
 stream more times than ``num_host_transfers`` is refused before it runs (PopXL
 would wrap around).
 
-Weights live twice, as on an IPU: host buffers (numpy) and device storage (torch
-tensors the compiled code updates in place; ``device.variables``). ``with session:``
-attaches, copies host -> device on entry and device -> host on exit, as PopXL's
-Session does.
+Weights live twice, as on an IPU: host buffers (numpy) and device storage (``device.variables``).
+``with session:`` attaches, copies host -> device on entry and back on exit, as PopXL's does.
 
 A *step* is one host transfer: step k is the work between the k-th and the
 (k+1)-th slice of the streams (in a device loop, iteration k of the ``ops.repeat``
@@ -348,6 +344,13 @@ class Session:
                 variables hold their values after them; ``step``, ``failed_op`` and
                 ``source`` say where it failed). See the module docstring.
         """
+        results = self.run_on_device(inputs, downcast_inputs)
+        return dict(zip(results, host_data.to_host(list(results.values()), [self._full_shape(s.shape) for s in results])))
+
+    def run_on_device(self, inputs: Mapping[HostToDeviceStream, Any] | None = None,
+                      downcast_inputs: bool = True) -> dict[DeviceToHostStream, torch.Tensor]:
+        """ipuxl only: ``run`` with the stored outputs left on the device (``num_host_transfers x
+        replicas x shape`` elements each, valid until the next run): the caller takes what it needs."""
         self._require_attached("run")
         self._built.check_unchanged(self.ir, self._records)
         self._memory.check_unchanged(self.ir, self._built.created_at)
@@ -374,7 +377,7 @@ class Session:
         self._runs += 1
         if self._runs == 1:  # what compiling and the first run's one-time work freed is not kept (device.host_memory)
             release_freed_memory()
-        return dict(zip(self._d2h, host_data.to_host(results, [self._full_shape(s.shape) for s in self._d2h])))
+        return dict(zip(self._d2h, results))
 
     def _run_one(self, data: Mapping[HostToDeviceStream, Any], downcast: bool) -> list[torch.Tensor]:
         n = self._built.steps

@@ -15,6 +15,9 @@ kernel's arguments, dtypes and output layouts:
   ``ds = p * (dout @ v^T - rowsum(dout * out))``, ``dq = ds @ k * scale``,
   ``dk = ds^T @ q * scale``.
 
+On CUDA both run as CUDA's fused memory-efficient attention where it takes the arguments
+(``kernels.fused_attention``); what follows is the path everywhere else.
+
 Half-precision inputs are computed in float32 (the CPU kernel's accumulation type) and
 rounded once. Attention dropout never reaches these (the CPU trace of an attention with
 dropout takes aten's math path: softmax, a seeded Bernoulli mask, matmuls, which run
@@ -28,6 +31,7 @@ from typing import Sequence
 import torch
 
 from ipuxl.errors import UnsupportedError
+from ipuxl.kernels.fused_attention import efficient_backward, efficient_forward
 
 __all__ = ["attention_forward", "attention_backward"]
 
@@ -63,9 +67,12 @@ def _probabilities(scores: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
 
 
 def _strided(value: torch.Tensor, like: tuple[Sequence[int], Sequence[int]] | None, dtype: torch.dtype) -> torch.Tensor:
-    """``value`` in ``dtype`` with the traced output's strides (``like``: shape, stride)."""
+    """``value`` in ``dtype`` with the traced output's strides (``like``: shape, stride); itself
+    where it already is."""
     if like is None:
         return value.to(dtype)
+    if value.dtype == dtype and tuple(value.shape) == tuple(like[0]) and value.stride() == tuple(like[1]):
+        return value
     out = torch.empty_strided(tuple(like[0]), tuple(like[1]), dtype=dtype, device=value.device)
     return out.copy_(value)
 
@@ -78,6 +85,9 @@ def attention_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     device (module docstring); ``layouts``: the traced outputs' (shape, stride). Arguments
     are named as in aten's schema."""
     _check_dropout(dropout_p)
+    fused = efficient_forward(query, key, value, is_causal, attn_mask, scale)
+    if fused is not None:
+        return _strided(fused[0], layouts[0], query.dtype), _strided(fused[1], layouts[1], torch.float32)
     scores, _ = _scores(query, key, is_causal, attn_mask, scale)
     lse = torch.logsumexp(scores, dim=-1)
     lse = lse.masked_fill_(torch.isneginf(lse), 0.0)  # every key masked: lse 0 and zeros out, as the CPU kernel
@@ -93,6 +103,10 @@ def attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.T
     """``aten._scaled_dot_product_flash_attention_for_cpu_backward``'s ``(grad_query,
     grad_key, grad_value)`` on any device (module docstring)."""
     _check_dropout(dropout_p)
+    fused = efficient_backward(grad_out, query, key, value, out, logsumexp, is_causal, attn_mask, scale)
+    if fused is not None:
+        return (_strided(fused[0], layouts[0], query.dtype), _strided(fused[1], layouts[1], key.dtype),
+                _strided(fused[2], layouts[2], value.dtype))
     scores, scale_used = _scores(query, key, is_causal, attn_mask, scale)
     compute = scores.dtype
     p = _probabilities(scores, logsumexp.to(compute))

@@ -32,9 +32,9 @@ import difflib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
+from ipuxl.device.host_data import host_tensors
 from ipuxl.errors import AnchorError
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.streams import DeviceToHostStream, d2h_stream
@@ -208,7 +208,7 @@ def _unknown(request: AnchorRequest, valid: list[str], training: bool) -> Anchor
             "'<param>', with <param> as model.named_parameters() spells it (e.g. 'Gradient___fc2.bias')")
 
 
-def gather_anchors(streams: AnchorStreams, options: Options, results: dict[Any, np.ndarray]) -> dict[str, torch.Tensor]:
+def gather_anchors(streams: AnchorStreams, options: Options, results: dict[Any, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Each anchor's values of the call, reduced per its output mode (see the module
     docstring); under torchrun, those of this process's replicas, as outputs are."""
     n, replicas = options.device_iterations, options.total_replicas()
@@ -216,8 +216,8 @@ def gather_anchors(streams: AnchorStreams, options: Options, results: dict[Any, 
     found: dict[str, torch.Tensor] = {}
     for a in streams.anchors:
         shape = a.streams[0].shape
-        per = torch.stack([torch.from_numpy(np.asarray(results[s])).reshape(n, replicas, *shape)[:, first:last]
+        per = torch.stack([results[s].reshape(n, replicas, *shape)[:, first:last]
                            for s in a.streams], 1)  # (n, micro-batches, local replicas, *shape)
-        seq = per.reshape(n * len(a.streams), last - first, *shape).to(a.streams[0].dtype.as_torch())
-        found[a.request.short_name] = reduce_outputs([seq], a.request.mode, a.request.period)[0].clone()
-    return found
+        seq = per.reshape(n * len(a.streams), last - first, *shape)
+        found[a.request.short_name] = reduce_outputs([seq], a.request.mode, a.request.period)[0]
+    return dict(zip(found, host_tensors([t.clone() if t.device.type == "cpu" else t for t in found.values()])))

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
+from ipuxl.device.host_data import host_tensors
 from ipuxl.errors import BatchSizeError, OptionsError, UnsupportedError
 from ipuxl.ir.context import user_source_line
 from ipuxl.ir.world import world
@@ -43,7 +43,8 @@ __all__ = ["local_replica_range", "MicroBatch", "SplitBatch", "split_batch", "ex
            "update_inputs", "reduce_outputs", "replica_groups"]
 
 # a device run's results: the data of every device-to-host stream
-Results = dict[Any, np.ndarray]
+Results = dict[Any, torch.Tensor]
+"""A run's stored outputs per stream, where the device keeps them (``Session.run_on_device``)."""
 
 
 class MicroBatch(tuple):
@@ -236,24 +237,28 @@ def describe(key: tuple | None) -> str:
                      else repr(v) for v in key[0])
 
 
-def _per_micro_batch(options: Options, results: Results, streams: list[Any]) -> torch.Tensor:
-    """One output's results of this process's replicas: ``(n, G, local replicas, *shape)``."""
+def _per_micro_batch(options: Options, results: Results, streams: list[Any],
+                     iterations: slice = slice(None)) -> torch.Tensor:
+    """One output's results of this process's replicas: ``(n, G, local replicas, *shape)``
+    (of the device ``iterations`` only), where the device keeps them."""
     n, replicas = options.device_iterations, options.total_replicas()
     first, last = local_replica_range(options)
-    # as_torch: host data of a dtype numpy lacks (bfloat16) comes back in a wider one
-    return torch.stack([torch.from_numpy(results[s]).reshape(n, replicas, *s.shape)[:, first:last]
-                        for s in streams], 1).to(streams[0].dtype.as_torch())
+    views = [results[s].reshape(n, replicas, *s.shape)[iterations, first:last] for s in streams]
+    return views[0].unsqueeze(1) if len(views) == 1 else torch.stack(views, 1)
 
 
 def gather_outputs(options: Options, training: bool, program: Program, results: Results) -> Any:
-    """The call's outputs per output mode; under torchrun, those of this process's replicas."""
-    n = options.device_iterations
+    """The call's outputs per output mode, on the host; under torchrun, those of this
+    process's replicas. With ``OutputMode.Final`` only the last micro-batch's leave the device."""
+    mode = options.resolved_output_mode(training)
     per_output = []
     for streams in program.outputs:
-        seq = _per_micro_batch(options, results, streams)
-        per_output.append(seq.reshape(n * len(streams), seq.shape[2], *streams[0].shape))
-    mode = options.resolved_output_mode(training)
-    flat = [device_dtype(t) for t in reduce_outputs(per_output, mode, options.output_return_period)]
+        if mode is OutputMode.Final:
+            streams, seq = streams[-1:], _per_micro_batch(options, results, streams[-1:], slice(-1, None))
+        else:
+            seq = _per_micro_batch(options, results, streams)
+        per_output.append(seq.reshape(seq.shape[0] * seq.shape[1], seq.shape[2], *streams[0].shape))
+    flat = [device_dtype(t) for t in host_tensors(reduce_outputs(per_output, mode, options.output_return_period))]
     outputs = pytree.tree_unflatten(flat, program.traced.out_spec)
     return None if isinstance(outputs, tuple) and not outputs else outputs  # no outputs: None, as PopTorch
 

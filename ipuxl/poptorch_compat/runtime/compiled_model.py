@@ -144,7 +144,7 @@ class CompiledModel:
         program = compiled.program
         staged = time.perf_counter()
         try:
-            results = compiled.session.run(dict(zip(program.inputs, batch.stacked)))
+            results = compiled.session.run_on_device(dict(zip(program.inputs, batch.stacked)))
         except DeviceError as exc:
             if exc.steps_applied is not None:  # steps ran: the device keeps them (see Session.run)
                 self._sync.after_run(exc.steps_applied, partial=True)

@@ -11,6 +11,7 @@ import torch.nn as nn
 from torch.testing import assert_close
 
 from ipuxl.errors import BatchSizeError
+from ipuxl.poptorch_compat.compile import batching
 from ipuxl.poptorch_compat.runtime.executor import inferenceModel, trainingModel
 from ipuxl.poptorch_compat.options import Options, OutputMode
 from tests.poptorch_compat._checks import as_poptorch
@@ -76,6 +77,23 @@ def test_final_and_sum_over_iterations_keep_the_dtype():
     assert_close(total[0], sum(s[0] for s in steps))
     assert total[2].dtype == torch.bool and total[2].shape == ()
     assert bool(total[2]) == any(bool(s[2]) for s in steps)
+
+
+def test_final_mode_brings_back_only_the_last_micro_batch(monkeypatch):
+    """The other micro-batches' outputs stay on the device: the host copies one step's worth
+    (a language model's logits are tens of MiB a step), and the values are the last step's."""
+    copied = []
+    real = batching.host_tensors
+    monkeypatch.setattr(batching, "host_tensors", lambda ts: copied.extend(t.numel() for t in ts) or real(ts))
+    x = torch.randn(4 * 5, 3)
+    model = nn.Linear(3, 7)
+    out = inferenceModel(model, opts(OutputMode.Final, 4))(x)
+    assert copied == [5 * 7]
+    assert_close(out, model(x[-5:]))
+    copied.clear()
+    every = inferenceModel(model, opts(OutputMode.All, 4))(x)
+    assert copied == [4 * 5 * 7]
+    assert_close(every, model(x))
 
 
 class IntSum(nn.Module):
