@@ -10,11 +10,10 @@ slices. The run stages each stream's data once and hands the compiled program on
 cursor per stream (``kernels.host_io``); a load in a loop body is a ``next`` on it.
 How often each stream is transferred per run is static (call and repeat counts
 are; of a conditional's two branches only the one taken transfers, so there the
-count is at most that of the busier branch), so a program that may transfer a
-stream more times than ``num_host_transfers`` is refused before it runs (PopXL
-would wrap around).
+count is at most that of the busier branch), so a program that may transfer a stream
+more times than ``num_host_transfers`` is refused before it runs (PopXL would wrap around).
 
-Weights live twice, as on an IPU: host buffers (numpy) and device storage (``device.variables``).
+Weights live twice, as on an IPU: host buffers (numpy) and device storage (``device.variables``);
 ``with session:`` attaches, copies host -> device on entry and back on exit, as PopXL's does.
 
 A *step* is one host transfer: step k is the work between the k-th and the
@@ -347,6 +346,7 @@ class Session:
         results = self.run_on_device(inputs, downcast_inputs)
         return dict(zip(results, host_data.to_host(list(results.values()), [self._full_shape(s.shape) for s in results])))
 
+    @_device_memory
     def run_on_device(self, inputs: Mapping[HostToDeviceStream, Any] | None = None,
                       downcast_inputs: bool = True) -> dict[DeviceToHostStream, torch.Tensor]:
         """ipuxl only: ``run`` with the stored outputs left on the device (``num_host_transfers x

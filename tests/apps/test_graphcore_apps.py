@@ -34,6 +34,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._venv_lock import venv_lock
+
 ROOT = Path(__file__).resolve().parents[2]
 APPS = Path(os.environ.get("IPUXL_APPS_DIR", ROOT.parent / "shared" / "reference" / "apps"))
 REQUIREMENTS = Path(__file__).with_name("requirements.txt")
@@ -50,16 +52,17 @@ def _apps_python() -> str:
         return explicit
     venv = ROOT / ".venv-apps"
     python, ready = venv / "bin" / "python", venv / "requirements.txt"
-    if ready.exists() and ready.read_text() == REQUIREMENTS.read_text():
-        return str(python)
-    try:
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True,
-                       capture_output=True, timeout=600)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)], check=True,
-                       capture_output=True, timeout=1800)
-    except (OSError, subprocess.SubprocessError):
-        return sys.executable
-    ready.write_text(REQUIREMENTS.read_text())
+    with venv_lock(venv):  # another xdist worker may be making it: wait for it, then use it
+        if ready.exists() and ready.read_text() == REQUIREMENTS.read_text():
+            return str(python)
+        try:
+            subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True,
+                           capture_output=True, timeout=600)
+            subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)], check=True,
+                           capture_output=True, timeout=1800)
+        except (OSError, subprocess.SubprocessError):
+            return sys.executable
+        ready.write_text(REQUIREMENTS.read_text())
     return str(python)
 
 

@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests._venv_lock import venv_lock
+
 ROOT = Path(__file__).resolve().parents[3]
 
 #: client -> the pip installs that make its venv, in order (a list of argument lists)
@@ -60,19 +62,20 @@ def _venv(client: str) -> str:
     venv = ROOT / f".venv-{client}"
     python, ready = venv / "bin" / "python", venv / "ipuxl-requirements.txt"
     wanted = repr(REQUIREMENTS[client])
-    if ready.exists() and ready.read_text() == wanted:
-        return str(python)
-    try:
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True,
-                       capture_output=True, timeout=600)
-        for args in REQUIREMENTS[client]:
-            subprocess.run([str(python), "-m", "pip", "install", "-q", *args], check=True, capture_output=True,
-                           timeout=1800)
-        subprocess.run([str(python), "-m", "ipuxl.compat", "--install"], check=True, capture_output=True,
-                       timeout=600, env=environment())
-    except (OSError, subprocess.SubprocessError):
-        return str(python) if python.exists() else sys.executable
-    ready.write_text(wanted)
+    with venv_lock(venv):  # another xdist worker may be making it: wait for it, then use it
+        if ready.exists() and ready.read_text() == wanted:
+            return str(python)
+        try:
+            subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True,
+                           capture_output=True, timeout=600)
+            for args in REQUIREMENTS[client]:
+                subprocess.run([str(python), "-m", "pip", "install", "-q", *args], check=True, capture_output=True,
+                               timeout=1800)
+            subprocess.run([str(python), "-m", "ipuxl.compat", "--install"], check=True, capture_output=True,
+                           timeout=600, env=environment())
+        except (OSError, subprocess.SubprocessError):
+            return str(python) if python.exists() else sys.executable
+        ready.write_text(wanted)
     return str(python)
 
 

@@ -255,3 +255,17 @@ def test_int64_results_come_back_int32_as_from_poptorch():
     assert eager_count.dtype == torch.int64 and count.dtype == torch.int32 and index.dtype == torch.int32
     assert_close(count, eager_count.to(torch.int32))
     assert_close(index, eager_index.to(torch.int32))
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_call_inside_inference_mode_gives_eagers_outputs(replicas):
+    """Lightning's validation loop calls the model under ``torch.inference_mode()``; the
+    device's storage and its run must not become inference tensors."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    x = torch.randn(4 * replicas, 3)
+    ipu = inferenceModel(model, Options().replicationFactor(replicas))
+    for _ in range(2):
+        with torch.inference_mode():
+            out = ipu(x)
+        assert_close(out, model(x).detach())
